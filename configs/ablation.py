@@ -1,0 +1,14 @@
+"""Any (architecture, variant) pair of the paper as one config.
+
+    --config=configs/ablation.py:arch=dense_1p7b_28l,variant=g1_sdpa_headwise
+
+arch: tiny, small, dense_1p7b_28l, dense_1p7b_48l, moe_15a2b, tiny_moe, small_moe.
+variant: any name in gated_attention.variants.VARIANTS (the paper's table row names).
+"""
+
+from gated_attention.config_lib import base_config, parse_config_string
+
+
+def get_config(arg: str | None = None):
+    options = parse_config_string(arg)
+    return base_config(arch=options.get("arch", "tiny"), variant=options.get("variant", "baseline"))

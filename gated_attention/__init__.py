@@ -1,0 +1,1 @@
+"""Gated attention for LLMs in JAX/Flax NNX."""

@@ -1,0 +1,1 @@
+"""Flax NNX building blocks of the decoder: norms, RoPE, MLP, gates, attention, blocks."""

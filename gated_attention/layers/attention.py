@@ -1,0 +1,115 @@
+"""Grouped-query self-attention with QK-norm, RoPE and every gate of the paper.
+
+Order per SPEC.md: project q/k/v from the block's normalised input X; gate G4/G3/G2 on the
+projection outputs; q/k RMSNorm; RoPE; SDPA through `ops.attention`; G1 gate (fused into the
+kernel when it is a plain `attn * act(X W)`), or a parameter-free transform; concat heads;
+o_proj; G5 gate. The G1 gate never goes through QK-norm or RoPE.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from gated_attention import ops
+from gated_attention.layers.gates import Gate
+from gated_attention.layers.norms import RMSNorm, rms_normalize
+from gated_attention.layers.params import cast, param
+from gated_attention.layers.rope import apply_rope
+from gated_attention.layers.switch_head import SwitchHeadProjection
+from gated_attention.model_config import ModelConfig
+from gated_attention.ops import reference
+
+GATE_TARGETS = {"sdpa": "heads", "query": "heads", "key": "kv_heads", "value": "kv_heads"}
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        variant = cfg.variant
+        heads, kv_heads = cfg.heads
+        D, d, dtype = cfg.d_model, cfg.head_dim, cfg.compute_dtype
+        self.q_proj = param(rngs, (D, heads, d), ("embed", "heads", "head_dim"))
+        switch = variant.switch_target
+        projection = lambda: SwitchHeadProjection(  # noqa: E731
+            D, kv_heads, d, variant.switch_experts, variant.switch_top_k, rngs=rngs, dtype=dtype)
+        self.k_proj = (projection() if switch == "kv"
+                       else param(rngs, (D, kv_heads, d), ("embed", "kv_heads", "head_dim")))
+        self.v_proj = (projection() if switch in ("v", "kv")
+                       else param(rngs, (D, kv_heads, d), ("embed", "kv_heads", "head_dim")))
+        self.o_proj = param(rngs, (heads, d, D), ("heads", "head_dim", "embed"))
+        if cfg.qk_norm:
+            norm = lambda: RMSNorm(d, rngs=rngs, eps=cfg.norm_eps,  # noqa: E731
+                                   zero_centred=cfg.zero_centred_norm, axis_name="head_dim")
+            self.q_norm, self.k_norm = norm(), norm()
+        gate = None
+        if variant.gate_position == "dense_output":
+            gate = Gate(variant, D, heads=None, head_dim=None, rngs=rngs, dtype=dtype)
+        elif variant.gated:
+            axis = GATE_TARGETS[variant.gate_position]
+            gate = Gate(variant, D, heads=heads if axis == "heads" else kv_heads,
+                        head_dim=d, heads_axis=axis, rngs=rngs, dtype=dtype)
+        self.gate = gate
+        if variant.normalizer == "learned_sink":
+            self.sink_logits = param(rngs, (heads,), ("heads",), init="zeros")
+
+    def _project(self, proj: nnx.Param | SwitchHeadProjection, x: jax.Array) -> jax.Array:
+        if isinstance(proj, SwitchHeadProjection):
+            return proj(x)
+        return jnp.einsum("bsD,Dhd->bshd", x, cast(proj, self.cfg.compute_dtype))
+
+    def _gate_at(self, position: str, y: jax.Array, x: jax.Array) -> jax.Array:
+        if self.gate is not None and self.cfg.variant.gate_position == position:
+            return self.gate(y, x)
+        return y
+
+    def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None = None,
+                 capture: frozenset[str] = frozenset()) -> jax.Array:
+        cfg, variant = self.cfg, self.cfg.variant
+        x = x.astype(cfg.compute_dtype)
+        q = self._gate_at("query", self._project(self.q_proj, x), x)
+        k = self._gate_at("key", self._project(self.k_proj, x), x)
+        v = self._gate_at("value", self._project(self.v_proj, x), x)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q, positions, cfg.rope_base)
+        k = apply_rope(k, positions, cfg.rope_base)
+        sink = self.sink_logits[...] if variant.normalizer == "learned_sink" else None
+        if self.gate is not None and "gate_scores" in capture:
+            self.sow(nnx.Intermediate, "gate_scores", self.gate.scores(x))
+        self._capture_attention(q, k, segment_ids, sink, capture)
+
+        needs_ungated = bool(capture & {"sdpa_before_gate", "sdpa_after_gate"})
+        fuse_gate = variant.fusable_sdpa_gate and not needs_ungated
+        out = ops.attention(
+            q, k, v,
+            gate=self.gate.logits(x) if fuse_gate else None,
+            gate_activation=variant.activation,
+            segment_ids=segment_ids, causal=True, normalizer=variant.normalizer,
+            sink_logits=sink, impl=cfg.attention_impl,
+            block_sizes=dict(cfg.block_sizes) or None,
+        )
+        if not fuse_gate:
+            if "sdpa_before_gate" in capture:
+                self.sow(nnx.Intermediate, "sdpa_before_gate", out)
+            if variant.sdpa_transform == "silu":
+                out = jax.nn.silu(out)
+            elif variant.sdpa_transform == "rmsnorm":
+                out = rms_normalize(out, cfg.norm_eps).astype(out.dtype)
+            out = self._gate_at("sdpa", out, x)
+            if "sdpa_after_gate" in capture:
+                self.sow(nnx.Intermediate, "sdpa_after_gate", out)
+        out = jnp.einsum("bshd,hdD->bsD", out, cast(self.o_proj, cfg.compute_dtype))
+        return self._gate_at("dense_output", out, x)
+
+    def _capture_attention(self, q: jax.Array, k: jax.Array, segment_ids: jax.Array | None,
+                           sink: jax.Array | None, capture: frozenset[str]) -> None:
+        kwargs = dict(segment_ids=segment_ids, causal=True,
+                      normalizer=self.cfg.variant.normalizer, sink_logits=sink)
+        if "attention_probs" in capture:
+            self.sow(nnx.Intermediate, "attention_probs",
+                     reference.attention_weights(q, k, **kwargs))
+        if "first_token_attention" in capture:
+            self.sow(nnx.Intermediate, "first_token_attention",
+                     reference.first_token_weights(q, k, **kwargs))

@@ -1,0 +1,91 @@
+"""The model's own description: a frozen dataclass built once from the ml_collections config.
+
+Layers read this, never the ml_collections config, so they can be built from a notebook too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+from gated_attention.variants import AttentionVariant
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+REMAT_POLICIES = ("none", "full", "dots_with_no_batch_dims_saveable", "nothing_saveable")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    num_layers: int
+    d_model: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    mlp_dim: int
+    variant: AttentionVariant = AttentionVariant(name="baseline")
+    tied_embeddings: bool = True
+    qk_norm: bool = True
+    zero_centred_norm: bool = False
+    rope_base: float = 10_000.0
+    norm_eps: float = 1e-6
+    dtype: str = "float32"
+    attention_impl: str = "xla"
+    block_sizes: tuple[tuple[str, int], ...] = ()
+    remat: str = "none"
+    # Mixture of experts: num_experts == 0 means a dense SwiGLU FFN.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_mlp_dim: int = 0
+    moe_renormalize: bool = True
+    moe_capacity_factor: float = 0.0
+    moe_impl: str = "ragged"
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def heads(self) -> tuple[int, int]:
+        """(query heads, kv heads) after the variant's head-count deltas."""
+        return self.variant.resolve_heads(self.num_heads, self.num_kv_heads)
+
+    @property
+    def experts(self) -> tuple[int, int]:
+        """(experts, experts per token) after the variant's `extra_experts` delta."""
+        extra = self.variant.extra_experts
+        return self.num_experts + extra, self.experts_per_token + extra
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads",
+                     "head_dim", "mlp_dim"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.{name}={getattr(self, name)} must be > 0")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"model.dtype={self.dtype!r} is not allowed; choose one of "
+                             f"{', '.join(DTYPES)}")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"model.remat={self.remat!r} is not allowed; choose one of "
+                             f"{', '.join(REMAT_POLICIES)}")
+        if self.head_dim % 2:
+            raise ValueError(f"model.head_dim={self.head_dim} must be even for RoPE")
+        self.heads  # noqa: B018 - validates GQA divisibility after the variant's deltas
+        if self.variant.extra_experts and not self.is_moe:
+            raise ValueError(f"variant {self.variant.name!r} adds experts, which needs an MoE "
+                             "arch (model.num_experts > 0), e.g. arch=moe_15a2b or tiny_moe")
+        if self.is_moe:
+            experts, top_k = self.experts
+            if not 1 <= top_k <= experts:
+                raise ValueError(f"model.experts_per_token={self.experts_per_token} must be in "
+                                 f"1..num_experts={self.num_experts}")
+            if self.expert_mlp_dim <= 0:
+                raise ValueError("model.expert_mlp_dim must be > 0 for an MoE arch")
