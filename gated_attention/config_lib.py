@@ -94,7 +94,8 @@ def base_config(arch: str = "tiny", variant: str = "baseline") -> ml_collections
     config.model = model_section(arch)
     config.attention = attention_section(variant)
     config.data = ml_collections.ConfigDict(dict(
-        source="cpython_docs", tokenizer="sentencepiece", seq_len=ARCH_RUN_DEFAULTS[arch]["seq_len"],
+        source="cpython_docs", tokenizer="sentencepiece",
+        seq_len=ARCH_RUN_DEFAULTS[arch]["seq_len"],
         add_bos=False, paths="", seqio_task="", text_key="text", shuffle_seed=0,
     ))
     config.train = ml_collections.ConfigDict(dict(

@@ -1,6 +1,7 @@
 """Parameter and FLOP accounting for any config, without allocating weights.
 
-    python -m gated_attention.inspect --config=configs/ablation.py:arch=moe_15a2b,variant=g1_sdpa_elementwise [--json]
+    python -m gated_attention.inspect \
+        --config=configs/ablation.py:arch=dense_1p7b_28l,variant=g1_sdpa_elementwise [--json]
 
 Prints total parameters, parameters added versus the same arch's baseline, per-module counts
 (layers folded together) and training FLOPs per token (6 x matmul parameters active per token
@@ -20,6 +21,7 @@ from typing import Any
 import jax
 from flax import nnx
 
+from gated_attention.layers.params import logical_axes
 from gated_attention.model_config import ModelConfig
 from gated_attention.variants import VARIANTS
 
@@ -32,7 +34,7 @@ def _param_leaves(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], tuple[st
     leaves = []
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         name = ".".join(str(p) for p in path)
-        names = tuple(var.get_metadata().get("sharding_names") or ())
+        names = logical_axes(var)
         leaves.append((name, tuple(var.get_value().shape), names))
     return leaves
 
