@@ -11,6 +11,7 @@ from gated_attention.layers.block import DecoderBlock
 from gated_attention.layers.norms import RMSNorm
 from gated_attention.layers.params import cast, param
 from gated_attention.model_config import ModelConfig
+from gated_attention.sharding import constrain
 
 REMAT_POLICIES = {
     "full": None,
@@ -40,6 +41,7 @@ class Transformer(nnx.Module):
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
         x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.compute_dtype)
+        x = constrain(x, ("batch", "length", "embed"))
         aux_total: dict[str, jax.Array] = {}
         for block in self.layers:
             if cfg.remat != "none" and not capture:
@@ -48,12 +50,14 @@ class Transformer(nnx.Module):
                 x, aux = run(block, x, positions, segment_ids)
             else:
                 x, aux = block(x, positions, segment_ids, capture)
+            x = constrain(x, ("batch", "length", "embed"))
             for name, value in aux.items():
                 aux_total[name] = aux_total.get(name, 0.0) + value
         x = self.final_norm(x)
         head = (cast(self.embed, cfg.compute_dtype).T if cfg.tied_embeddings
                 else cast(self.lm_head, cfg.compute_dtype))
         logits = jnp.einsum("bsD,DV->bsV", x, head, preferred_element_type=jnp.float32)
+        logits = constrain(logits, ("batch", "length", "vocab"))
         return logits, aux_total
 
 
