@@ -1,0 +1,117 @@
+"""Figures for runs and their analysis: loss curves, per-layer metrics, gate histograms,
+attention maps. matplotlib with the Agg backend (no display needed); every function writes
+one PNG and returns its path.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from gated_attention.analysis.stability import EMA_DECAY, ema_smooth  # noqa: E402
+
+PathLike = str | os.PathLike[str]
+
+
+def _save(fig: plt.Figure, path: PathLike) -> str:
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_loss_curves(runs: Mapping[str, Sequence[tuple[int, float]]], path: PathLike,
+                     ema: float = EMA_DECAY, title: str = "training loss",
+                     ylabel: str = "loss") -> str:
+    """Raw curves (faint) and EMA-smoothed curves (solid), one colour per run."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, (label, series) in enumerate(runs.items()):
+        if not series:
+            continue
+        steps, losses = zip(*series, strict=True)
+        colour = f"C{i % 10}"
+        ax.plot(steps, losses, color=colour, alpha=0.25, linewidth=0.8)
+        ax.plot(steps, ema_smooth(losses, ema), color=colour, label=label, linewidth=1.5)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"{ylabel} (EMA {ema})")
+    ax.set_title(title)
+    if runs:
+        ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_per_layer(values: Mapping[str, Sequence[float]], path: PathLike, ylabel: str,
+                   title: str, log: bool = False) -> str:
+    """One line per run over layer index (e.g. F-Attn or M-Act per layer)."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, ys in values.items():
+        ax.plot(range(len(ys)), ys, marker="o", markersize=3, label=label)
+    ax.set_xlabel("layer")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if log:
+        ax.set_yscale("log")
+    if values:
+        ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_gate_histograms(histograms: Mapping[str, Mapping[str, Any]], path: PathLike,
+                         title: str = "gate scores (all layers)") -> str:
+    """Overlaid step histograms; each value is a `gate_histogram` dict from model_statistics
+    ({"edges": [...], "all": [...]}). Runs without a gate (None) are skipped."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    shown = 0
+    for label, hist in histograms.items():
+        if not hist:
+            continue
+        edges = np.asarray(hist["edges"])
+        ax.stairs(np.asarray(hist["all"]), edges, label=label, linewidth=1.5)
+        shown += 1
+    ax.set_xlabel("gate score act(XW)")
+    ax.set_ylabel("fraction of scores")
+    ax.set_title(title if shown else title + " (no gated runs)")
+    if shown:
+        ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_attention_map(maps: Mapping[str, np.ndarray] | np.ndarray, path: PathLike,
+                       layers: Sequence[int], tokens: Sequence[str] | None = None,
+                       title: str = "head-averaged attention") -> str:
+    """Grid of head-averaged attention maps: one row per run, one column per layer (Figure 2).
+
+    `maps` is {label: [len(layers), q, k]} or one such array.
+    """
+    if not isinstance(maps, Mapping):
+        maps = {"": maps}
+    rows, cols = len(maps), len(layers)
+    fig, axes = plt.subplots(rows, cols, figsize=(3 * cols, 3 * rows), squeeze=False)
+    for r, (label, arr) in enumerate(maps.items()):
+        arr = np.asarray(arr)
+        if arr.shape[0] != cols:
+            raise ValueError(f"maps[{label!r}] has {arr.shape[0]} layers; layers={list(layers)}")
+        for c, layer in enumerate(layers):
+            ax = axes[r][c]
+            ax.imshow(arr[c], cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+            ax.set_title(f"{label} layer {layer}".strip(), fontsize=9)
+            if tokens is not None and len(tokens) <= 32:
+                ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=6)
+                ax.set_yticks(range(len(tokens)), tokens, fontsize=6)
+            else:
+                ax.set_xlabel("key")
+                ax.set_ylabel("query")
+    fig.suptitle(title)
+    return _save(fig, path)
