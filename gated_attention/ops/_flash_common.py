@@ -1,0 +1,290 @@
+"""Math and plumbing shared by the Pallas GPU and TPU flash-attention kernels.
+
+The kernels keep, per query row, a running max `m`, a running denominator `l` and an
+accumulator; at the end they store one statistic, `lse`, such that every normaliser's weight
+can be recomputed in the backward pass from the logit alone:
+
+  softmax family  w_j = exp(x_j - lse),                      lse = m + log(l + exp(c - m))
+  softpick        w_j = relu(exp(x_j - lse) - exp(-lse)),    lse = m + log(l + eps exp(-m))
+
+with c = -inf (softmax), 0 (off-by-one) or the head's sink logit. Functions here are written
+with plain jnp ops that both the Triton and the Mosaic lowerings accept (no lax.logistic, no
+sign, no inf arithmetic), so one copy of the maths serves both kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from gated_attention.ops.gating import apply_output_gate
+from gated_attention.ops.reference import NORMALIZERS, SOFTPICK_EPS
+
+# Finite stand-ins for -inf/+inf: exp() of anything minus them underflows cleanly to 0 and
+# their differences never produce NaN.
+MASK_VALUE = -1e30
+EMPTY_ROW_LSE = 1e30
+
+
+def initial_max(normalizer: str, block_q: int, sink: jax.Array | None = None) -> jax.Array:
+    """Running max before any key: the extra denominator term's logit is always included."""
+    if normalizer == "softmax":
+        return jnp.full((block_q,), MASK_VALUE, jnp.float32)
+    if normalizer == "learned_sink":
+        return jnp.zeros((block_q,), jnp.float32) + sink
+    return jnp.zeros((block_q,), jnp.float32)  # off-by-one and softpick: exp(0) / the "-1"
+
+
+def online_block(x: jax.Array, mask: jax.Array, m_prev: jax.Array, normalizer: str):
+    """One kv block of the online normaliser.
+
+    x [bq, bkv] float32 scaled logits, mask [bq, bkv], m_prev [bq]. Returns (m_next,
+    correction [bq], numerator weights [bq, bkv] for the value sum, denominator mass [bq]).
+    """
+    m_cur = jnp.max(jnp.where(mask, x, MASK_VALUE), axis=-1)
+    m_next = jnp.maximum(m_prev, m_cur)
+    correction = jnp.exp(m_prev - m_next)
+    e = jnp.exp(jnp.where(mask, x, MASK_VALUE) - m_next[:, None])
+    if normalizer == "softpick":
+        shifted = jnp.where(mask, e - jnp.exp(-m_next)[:, None], 0.0)
+        return m_next, correction, jnp.maximum(shifted, 0.0), jnp.sum(jnp.abs(shifted), axis=-1)
+    p = jnp.where(mask, e, 0.0)
+    return m_next, correction, p, jnp.sum(p, axis=-1)
+
+
+def finalize(acc: jax.Array, m: jax.Array, denom_sum: jax.Array, normalizer: str,
+             sink: jax.Array | None = None):
+    """(acc / denominator [bq, d], lse [bq]) once every visible key has been folded in."""
+    if normalizer == "softmax":
+        empty = denom_sum <= 0.0
+        denom = jnp.where(empty, 1.0, denom_sum)
+        lse = jnp.where(empty, EMPTY_ROW_LSE, m + jnp.log(denom))
+        return acc / denom[:, None], lse
+    if normalizer == "softmax_off_by_one":
+        denom = denom_sum + jnp.exp(-m)
+    elif normalizer == "learned_sink":
+        denom = denom_sum + jnp.exp(sink - m)
+    else:
+        denom = denom_sum + SOFTPICK_EPS * jnp.exp(-m)
+    return acc / denom[:, None], m + jnp.log(denom)
+
+
+def weights_and_dlogits(x: jax.Array, mask: jax.Array, lse: jax.Array, dw: jax.Array | None,
+                        delta: jax.Array, normalizer: str):
+    """Recompute attention weights [bq, bkv] from lse and the gradient w.r.t. the logits.
+
+    dw = dO . V^T; delta = rowsum(dO * O). Softmax family: dx = w (dw - delta). Softpick
+    (w = relu(u)/N, u = e^x - 1): dx = e^x/N (1[x>0] dw - sign(x) delta).
+    """
+    e = jnp.where(mask, jnp.exp(x - lse[:, None]), 0.0)
+    if normalizer != "softpick":
+        if dw is None:
+            return e, None
+        return e, e * (dw - delta[:, None])
+    positive = mask & (x > 0.0)
+    w = jnp.where(positive, e - jnp.exp(-lse)[:, None], 0.0)
+    if dw is None:
+        return w, None
+    sign = jnp.where(x > 0.0, 1.0, jnp.where(x < 0.0, -1.0, 0.0))
+    return w, e * (jnp.where(positive, dw, 0.0) - sign * delta[:, None])
+
+
+def sigmoid(x: jax.Array) -> jax.Array:
+    return 1.0 / (1.0 + jnp.exp(-x))
+
+
+def gate_scores(g: jax.Array, activation: str) -> jax.Array:
+    """act(g) in float32 from exp/divide only, so it lowers inside Triton and Mosaic kernels."""
+    g = g.astype(jnp.float32)
+    if activation == "sigmoid":
+        return sigmoid(g)
+    if activation == "silu":
+        return g * sigmoid(g)
+    if activation == "ns_sigmoid":
+        return 0.5 + 0.5 * sigmoid(g)
+    return g
+
+
+# ----------------------------------------------------------------------------- plumbing
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """Static facts of one call: sizes after padding and which features are on."""
+
+    batch: int
+    seq: int  # true length
+    padded: int
+    heads: int
+    kv_heads: int
+    head_dim: int  # true head_dim (sets the scale)
+    padded_dim: int
+    causal: bool
+    normalizer: str
+    gate_kind: str | None  # None, "elementwise" or "headwise"
+    gate_activation: str
+    has_segments: bool
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim ** -0.5
+
+
+def check_kernel_args(name: str, q: jax.Array, k: jax.Array, normalizer: str,
+                      gate_activation: str) -> None:
+    """Errors that only the kernels (not the XLA reference) raise, named for the user."""
+    if k.shape[1] != q.shape[1]:
+        raise ValueError(f"impl={name!r} needs equal query and key lengths (self-attention); got "
+                         f"{q.shape[1]} and {k.shape[1]}. Use impl='xla' for cross lengths")
+    if normalizer not in NORMALIZERS:
+        raise ValueError(f"normalizer={normalizer!r} is not allowed; choose one of "
+                         f"{', '.join(NORMALIZERS)}")
+    if gate_activation not in ("sigmoid", "silu", "identity", "ns_sigmoid"):
+        raise ValueError(f"gate_activation={gate_activation!r} is not allowed; choose one of "
+                         "sigmoid, silu, identity, ns_sigmoid")
+    for dt, what in ((q.dtype, "q"), (k.dtype, "k")):
+        if dt not in (jnp.float32, jnp.bfloat16, jnp.float16, jnp.float64):
+            raise ValueError(f"{what}.dtype={dt} is not supported by impl={name!r}; use "
+                             "float32, bfloat16 or float16")
+
+
+def round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def pad_axis(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
+    if x.shape[axis] == size:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def block_ranges(q_seg: jax.Array | None, batch: int, padded: int, seq: int, block_q: int,
+                 block_kv: int, causal: bool):
+    """Per (batch, q block): the [lo, hi) kv blocks that hold any visible key, and per
+    (batch, kv block): the [lo, hi) q blocks that see any of its keys.
+
+    Built from each block's min/max segment id and the causal diagonal; blocks outside a range
+    are skipped by the kernels' loops, blocks inside are masked element by element.
+    """
+    nq, nkv = padded // block_q, padded // block_kv
+    q_idx = jnp.arange(nq)[:, None]
+    kv_idx = jnp.arange(nkv)[None, :]
+    ok = jnp.broadcast_to(kv_idx * block_kv < seq, (nq, nkv))[None]
+    if causal:
+        ok = ok & ((kv_idx * block_kv) <= (q_idx + 1) * block_q - 1)[None]
+    if q_seg is not None:
+        qb = q_seg.reshape(batch, nq, block_q)
+        kb = q_seg.reshape(batch, nkv, block_kv)
+        ok = ok & ((qb.min(-1)[:, :, None] <= kb.max(-1)[:, None, :])
+                   & (kb.min(-1)[:, None, :] <= qb.max(-1)[:, :, None]))
+    ok = jnp.broadcast_to(ok, (batch, nq, nkv))
+
+    def span(table: jax.Array):
+        n = table.shape[-1]
+        any_ = table.any(-1)
+        lo = jnp.argmax(table, axis=-1)
+        hi = n - jnp.argmax(table[..., ::-1], axis=-1)
+        return (jnp.where(any_, lo, 0).astype(jnp.int32),
+                jnp.where(any_, hi, 0).astype(jnp.int32))
+
+    kv_lo, kv_hi = span(ok)
+    q_lo, q_hi = span(jnp.swapaxes(ok, 1, 2))
+    return kv_lo, kv_hi, q_lo, q_hi
+
+
+def gate_kind(gate: jax.Array | None, q: jax.Array) -> str | None:
+    if gate is None:
+        return None
+    return "elementwise" if gate.ndim == q.ndim else "headwise"
+
+
+def gate_backward(dout: jax.Array, o: jax.Array, gate: jax.Array | None, activation: str):
+    """XLA-fused pre-pass of the backward: (dO before the gate, d gate).
+
+    out = o * act(g); d o = d out * act(g); d g = d out * o * act'(g) (summed over head_dim for
+    a headwise gate). XLA fuses this into one elementwise pass with the delta row sum.
+    """
+    if gate is None:
+        return dout, None
+    o32 = o.astype(jnp.float32)
+    _, vjp = jax.vjp(lambda o_, g_: apply_output_gate(o_, g_, activation),
+                     o32, gate.astype(jnp.float32))
+    do, dg = vjp(dout.astype(jnp.float32))
+    return do.astype(o.dtype), dg.astype(gate.dtype)
+
+
+def sink_gradient(sink: jax.Array, lse: jax.Array, delta: jax.Array, seq: int) -> jax.Array:
+    """d sink_h = -sum_{b,i} exp(sink_h - lse) * delta over real query rows (lse [b,h,s])."""
+    lse = lse[:, :, :seq].astype(jnp.float32)
+    delta = delta[:, :, :seq].astype(jnp.float32)
+    w_sink = jnp.exp(sink.astype(jnp.float32)[None, :, None] - lse)
+    return (-jnp.einsum("bhs,bhs->h", w_sink, delta)).astype(sink.dtype)
+
+
+def attention_flops(batch: int, seq: int, heads: int, head_dim: int, causal: bool) -> float:
+    """QK^T and PV FLOPs of the forward, halved when causal (the anchors' convention)."""
+    flops = 4.0 * batch * heads * seq * seq * head_dim
+    return flops / 2 if causal else flops
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(x, 1))))
+
+
+# ----------------------------------------------------------------------------- custom VJP
+
+
+@dataclasses.dataclass(frozen=True)
+class Static:
+    """Everything static about one kernel call (hashable: a nondiff argument of custom_vjp)."""
+
+    problem: Problem
+    sizes: tuple[tuple[str, int], ...]
+    interpret: bool
+
+    def size(self, key: str) -> int:
+        return dict(self.sizes)[key]
+
+
+def make_flash_attention(forward, backward):
+    """A custom-VJP attention from a kernel module's forward and backward launchers.
+
+    forward(static, q, k, v, seg, gate, sink, residuals) -> (out, lse [b,h,s], o_ungated)
+    backward(static, q, k, v, seg, sink, do, lse, delta) -> (dq, dk, dv)
+    The gate's and the sink's gradients are computed here from o, lse and delta, so each
+    kernel only needs the three matmul-heavy passes.
+    """
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+    def flash(static, q, k, v, seg, gate, sink):
+        return forward(static, q, k, v, seg, gate, sink, False)[0]
+
+    def flash_fwd(static, q, k, v, seg, gate, sink):
+        out, lse, o = forward(static, q, k, v, seg, gate, sink, True)
+        return out, (q, k, v, seg, gate, sink, o, lse)
+
+    def flash_bwd(static, residuals, dout):
+        q, k, v, seg, gate, sink, o, lse = residuals
+        do, dgate = gate_backward(dout, o, gate, static.problem.gate_activation)
+        delta = jnp.einsum("bshd,bshd->bhs", do.astype(jnp.float32), o.astype(jnp.float32))
+        dq, dk, dv = backward(static, q, k, v, seg, sink, do, lse, delta)
+        dsink = None if sink is None else sink_gradient(sink, lse, delta, q.shape[1])
+        return dq, dk, dv, None, dgate, dsink
+
+    flash.defvjp(flash_fwd, flash_bwd)
+    return flash
+
+
+def resolve_interpret(interpret: bool | None) -> bool:
+    """Kernels run in Pallas interpret mode when asked, and always on a CPU backend."""
+    return bool(interpret) or jax.default_backend() == "cpu"

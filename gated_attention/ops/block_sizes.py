@@ -1,0 +1,90 @@
+"""Block sizes for the Pallas attention kernels: a small table per device kind, overridable.
+
+Keys: block_q / block_kv (forward), block_q_dq / block_kv_dq (dq kernel), block_q_dkv /
+block_kv_dkv (dk/dv kernel), num_warps / num_stages (Triton only). A user override such as the
+model config's `model.block_sizes = {"block_q": 64, "block_kv": 64}` sets the forward sizes and,
+unless given separately, the matching backward ones too.
+"""
+
+from __future__ import annotations
+
+import jax
+
+BLOCK_KEYS = ("block_q", "block_kv", "block_q_dq", "block_kv_dq", "block_q_dkv",
+              "block_kv_dkv", "num_warps", "num_stages")
+
+# Triton on Hopper: 128x64 tiles for d<=128 keep registers in check at 4-8 warps; d=256 halves
+# the q tile. Backward kernels use 64x64 (dq and dkv each hold two accumulators).
+_GPU = {
+    64: dict(block_q=128, block_kv=64, block_q_dq=64, block_kv_dq=64, block_q_dkv=64,
+             block_kv_dkv=64, num_warps=4, num_stages=3),
+    128: dict(block_q=128, block_kv=64, block_q_dq=64, block_kv_dq=64, block_q_dkv=64,
+              block_kv_dkv=64, num_warps=8, num_stages=3),
+    256: dict(block_q=64, block_kv=32, block_q_dq=32, block_kv_dq=32, block_q_dkv=32,
+              block_kv_dkv=32, num_warps=8, num_stages=2),
+}
+_GPU_SMALL = {  # pre-Hopper (A100 and similar): fewer stages fit in shared memory
+    d: dict(cfg, num_stages=2) for d, cfg in _GPU.items()
+}
+# Mosaic TPU: MXU-sized tiles (multiples of 128); larger kv tiles amortise the grid step.
+_TPU = {
+    d: dict(block_q=512 if d <= 128 else 256, block_kv=512 if d <= 128 else 256,
+            block_q_dq=256, block_kv_dq=256, block_q_dkv=256, block_kv_dkv=256,
+            num_warps=0, num_stages=0)
+    for d in (64, 128, 256)
+}
+# CPU runs the kernels in interpret mode: small tiles, so tests see several blocks.
+_CPU = {d: dict(block_q=32, block_kv=32, block_q_dq=32, block_kv_dq=32, block_q_dkv=32,
+                block_kv_dkv=32, num_warps=4, num_stages=1) for d in (64, 128, 256)}
+
+TABLE: dict[str, dict[int, dict[str, int]]] = {
+    "h200": _GPU, "h100": _GPU, "gh200": _GPU, "b200": _GPU,
+    "a100": _GPU_SMALL, "gpu": _GPU_SMALL,
+    "tpu": _TPU,
+    "cpu": _CPU,
+}
+
+
+def device_kind_key(device: jax.Device | None = None) -> str:
+    """Row of TABLE for a device: its kind matched by name, else its platform."""
+    device = device or jax.devices()[0]
+    kind = device.device_kind.lower()
+    for key in ("gh200", "h200", "h100", "b200", "a100"):
+        if key in kind:
+            return key
+    return {"gpu": "gpu", "tpu": "tpu"}.get(device.platform, "cpu")
+
+
+def block_sizes_for(head_dim: int, overrides: dict[str, int] | None = None, *,
+                    kind: str | None = None) -> dict[str, int]:
+    """The tuned sizes for `kind` (default: the first device) and head_dim, then overrides."""
+    kind = kind or device_kind_key()
+    if kind not in TABLE:
+        raise ValueError(f"block sizes: unknown device kind {kind!r}; choose one of "
+                         f"{', '.join(TABLE)}")
+    row = TABLE[kind]
+    nearest = min((d for d in row if d >= head_dim), default=max(row))
+    sizes = dict(row[nearest])
+    overrides = dict(overrides or {})
+    unknown = set(overrides) - set(BLOCK_KEYS)
+    if unknown:
+        raise ValueError(f"block_sizes has unknown key {sorted(unknown)[0]!r}; allowed: "
+                         f"{', '.join(BLOCK_KEYS)}")
+    for key, value in overrides.items():
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"block_sizes[{key!r}]={value!r} must be a positive int")
+        if key.startswith("block") and value & (value - 1):
+            raise ValueError(f"block_sizes[{key!r}]={value} must be a power of two")
+    for fwd_key, bwd_keys in (("block_q", ("block_q_dq", "block_q_dkv")),
+                              ("block_kv", ("block_kv_dq", "block_kv_dkv"))):
+        if fwd_key in overrides:
+            for bwd_key in bwd_keys:
+                sizes[bwd_key] = overrides.get(bwd_key, overrides[fwd_key])
+    sizes.update(overrides)
+    return sizes
+
+
+def fit_to_length(sizes: dict[str, int], seq: int, minimum: int) -> dict[str, int]:
+    """Shrink blocks longer than the (power-of-two rounded) sequence, never below `minimum`."""
+    cap = max(minimum, 1 << max(0, (seq - 1).bit_length()))
+    return {k: (min(v, cap) if k.startswith("block") else v) for k, v in sizes.items()}

@@ -1,0 +1,299 @@
+"""Flash attention for GPUs in Pallas (Triton lowering), with the G1 gate fused in.
+
+Forward: one program per (batch, head, q block) walks only the kv blocks that hold a visible
+key (causal diagonal and segment ranges bound the loop), keeps a running max/denominator in
+registers, and multiplies by act(gate) before the single store. Backward, as two kernels like
+FlashAttention-2: dq per q block, and dk/dv per kv block looping over the query heads of its
+GQA group, both recomputing the weights from the saved per-row lse. Nothing S x S is stored,
+and k/v are never repeated for GQA (the BlockSpec index maps a query head to its kv head).
+
+On a CPU backend the kernels run in Pallas interpret mode automatically.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from gated_attention.ops import _flash_common as fc
+from gated_attention.ops.block_sizes import block_sizes_for, fit_to_length
+
+NAME = "pallas_gpu"
+MIN_BLOCK = 16  # tl.dot needs every tile dimension >= 16
+
+
+def _mask(p: fc.Problem, q_pos, k_pos, q_seg, k_seg):
+    """[bq, bkv] visibility of keys to queries inside one tile."""
+    mask = k_pos[None, :] < p.seq
+    if p.causal:
+        mask = mask & (q_pos[:, None] >= k_pos[None, :])
+    if q_seg is not None:
+        mask = mask & (q_seg[:, None] == k_seg[None, :])
+    return mask
+
+
+def _fwd_kernel(*refs, p: fc.Problem, bq: int, bkv: int, residuals: bool):
+    refs = list(refs)
+    q_ref, k_ref, v_ref, lo_ref, hi_ref = refs[:5]
+    rest = refs[5:]
+    seg_ref = rest.pop(0) if p.has_segments else None
+    gate_ref = rest.pop(0) if p.gate_kind else None
+    sink_ref = rest.pop(0) if p.normalizer == "learned_sink" else None
+    out_ref, lse_ref, o_ref = (rest + [None, None])[:3]
+    b, i = pl.program_id(0), pl.program_id(2)
+
+    q = q_ref[...]
+    q_pos = i * bq + jnp.arange(bq)
+    q_seg = None if seg_ref is None else seg_ref[pl.ds(i * bq, bq)]
+    sink = None if sink_ref is None else jnp.max(sink_ref[...].astype(jnp.float32))
+    m0 = fc.initial_max(p.normalizer, bq, sink)
+
+    def body(j, carry):
+        acc, m, mass_sum = carry
+        k = k_ref[pl.ds(j * bkv, bkv), :]
+        v = v_ref[pl.ds(j * bkv, bkv), :]
+        x = plgpu.dot(q, k, trans_b=True).astype(jnp.float32) * p.scale
+        k_seg = None if seg_ref is None else seg_ref[pl.ds(j * bkv, bkv)]
+        mask = _mask(p, q_pos, j * bkv + jnp.arange(bkv), q_seg, k_seg)
+        m, corr, weights, mass = fc.online_block(x, mask, m, p.normalizer)
+        acc = acc * corr[:, None] + plgpu.dot(weights.astype(v.dtype), v).astype(jnp.float32)
+        return acc, m, mass_sum * corr + mass
+
+    acc0 = jnp.zeros((bq, p.padded_dim), jnp.float32)
+    acc, m, mass_sum = lax.fori_loop(lo_ref[b, i], hi_ref[b, i], body,
+                              (acc0, m0, jnp.zeros((bq,), jnp.float32)))
+    o, lse = fc.finalize(acc, m, mass_sum, p.normalizer, sink)
+    out = o
+    if gate_ref is not None:
+        scores = fc.gate_scores(gate_ref[...], p.gate_activation)
+        out = o * (scores if p.gate_kind == "elementwise" else scores[:, None])
+    out_ref[...] = out.astype(out_ref.dtype)
+    if residuals:
+        lse_ref[...] = lse
+        if o_ref is not None:
+            o_ref[...] = o.astype(o_ref.dtype)
+
+
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, lo_ref, hi_ref, *rest,
+               p: fc.Problem, bq: int, bkv: int):
+    rest = list(rest)
+    seg_ref = rest.pop(0) if p.has_segments else None
+    (dq_ref,) = rest
+    b, i = pl.program_id(0), pl.program_id(2)
+    q, do = q_ref[...], do_ref[...]
+    lse, delta = lse_ref[...], delta_ref[...]
+    q_pos = i * bq + jnp.arange(bq)
+    q_seg = None if seg_ref is None else seg_ref[pl.ds(i * bq, bq)]
+
+    def body(j, dq):
+        k = k_ref[pl.ds(j * bkv, bkv), :]
+        v = v_ref[pl.ds(j * bkv, bkv), :]
+        x = plgpu.dot(q, k, trans_b=True).astype(jnp.float32) * p.scale
+        k_seg = None if seg_ref is None else seg_ref[pl.ds(j * bkv, bkv)]
+        mask = _mask(p, q_pos, j * bkv + jnp.arange(bkv), q_seg, k_seg)
+        dw = plgpu.dot(do, v, trans_b=True).astype(jnp.float32)
+        _, dx = fc.weights_and_dlogits(x, mask, lse, dw, delta, p.normalizer)
+        return dq + plgpu.dot(dx.astype(k.dtype), k).astype(jnp.float32)
+
+    dq = lax.fori_loop(lo_ref[b, i], hi_ref[b, i], body,
+                       jnp.zeros((bq, p.padded_dim), jnp.float32))
+    dq_ref[...] = (dq * p.scale).astype(dq_ref.dtype)
+
+
+def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, lo_ref, hi_ref, *rest,
+                p: fc.Problem, bq: int, bkv: int):
+    rest = list(rest)
+    seg_ref = rest.pop(0) if p.has_segments else None
+    dk_ref, dv_ref = rest
+    b, j = pl.program_id(0), pl.program_id(2)
+    k, v = k_ref[...], v_ref[...]
+    k_pos = j * bkv + jnp.arange(bkv)
+    k_seg = None if seg_ref is None else seg_ref[pl.ds(j * bkv, bkv)]
+    dk = jnp.zeros((bkv, p.padded_dim), jnp.float32)
+    dv = jnp.zeros((bkv, p.padded_dim), jnp.float32)
+
+    for g in range(p.group):  # static: each query head of this kv head's group
+        def body(i, carry, g=g):
+            dk, dv = carry
+            q = q_ref[pl.ds(i * bq, bq), g, :]
+            do = do_ref[pl.ds(i * bq, bq), g, :]
+            lse = lse_ref[g, pl.ds(i * bq, bq)]
+            delta = delta_ref[g, pl.ds(i * bq, bq)]
+            x = plgpu.dot(q, k, trans_b=True).astype(jnp.float32) * p.scale
+            q_seg = None if seg_ref is None else seg_ref[pl.ds(i * bq, bq)]
+            mask = _mask(p, i * bq + jnp.arange(bq), k_pos, q_seg, k_seg)
+            dw = plgpu.dot(do, v, trans_b=True).astype(jnp.float32)
+            w, dx = fc.weights_and_dlogits(x, mask, lse, dw, delta, p.normalizer)
+            dv = dv + plgpu.dot(w.astype(do.dtype), do, trans_a=True).astype(jnp.float32)
+            dk = dk + plgpu.dot(dx.astype(q.dtype), q, trans_a=True).astype(jnp.float32)
+            return dk, dv
+
+        dk, dv = lax.fori_loop(lo_ref[b, j], hi_ref[b, j], body, (dk, dv))
+    dk_ref[...] = (dk * p.scale).astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+# ----------------------------------------------------------------------------- launchers
+
+
+def _pad_inputs(p: fc.Problem, *arrays):
+    """Pad [b, s, h, d] arrays to the padded sequence length and head_dim."""
+    return [fc.pad_axis(fc.pad_axis(a, 1, p.padded), 3, p.padded_dim) for a in arrays]
+
+
+def _padded_segments(p: fc.Problem, seg):
+    return None if seg is None else fc.pad_axis(seg.astype(jnp.int32), 1, p.padded, -1)
+
+
+def _params(static: fc.Static) -> plgpu.CompilerParams:
+    return plgpu.CompilerParams(num_warps=static.size("num_warps"),
+                                num_stages=static.size("num_stages"))
+
+
+def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
+    p = static.problem
+    bq, bkv = static.size("block_q"), static.size("block_kv")
+    b, h, S, D = p.batch, p.heads, p.padded, p.padded_dim
+    qp, kp, vp = _pad_inputs(p, q, k, v)
+    segp = _padded_segments(p, seg)
+    lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
+    nq = S // bq
+    g = p.group
+
+    row = pl.BlockSpec((None, bq, None, D), lambda b_, h_, i: (b_, i, h_, 0))
+    whole_kv = pl.BlockSpec((None, S, None, D), lambda b_, h_, i: (b_, 0, h_ // g, 0))
+    table = pl.BlockSpec((b, nq), lambda *_: (0, 0))
+    in_specs = [row, whole_kv, whole_kv, table, table]
+    args = [qp, kp, vp, lo, hi]
+    if segp is not None:
+        in_specs.append(pl.BlockSpec((None, S), lambda b_, h_, i: (b_, 0)))
+        args.append(segp)
+    if p.gate_kind == "elementwise":
+        in_specs.append(row)
+        args.append(_pad_inputs(p, gate)[0])
+    elif p.gate_kind == "headwise":
+        in_specs.append(pl.BlockSpec((None, None, bq), lambda b_, h_, i: (b_, h_, i)))
+        args.append(fc.pad_axis(jnp.swapaxes(gate, 1, 2), 2, S))
+    if p.normalizer == "learned_sink":
+        in_specs.append(pl.BlockSpec((None, MIN_BLOCK), lambda b_, h_, i: (h_, 0)))
+        args.append(jnp.broadcast_to(sink.astype(jnp.float32)[:, None], (h, MIN_BLOCK)))
+
+    out_shapes = [jax.ShapeDtypeStruct((b, S, h, D), q.dtype)]
+    out_specs = [row]
+    if residuals:
+        out_shapes.append(jax.ShapeDtypeStruct((b, h, S), jnp.float32))
+        out_specs.append(pl.BlockSpec((None, None, bq), lambda b_, h_, i: (b_, h_, i)))
+        if p.gate_kind:
+            out_shapes.append(jax.ShapeDtypeStruct((b, S, h, D), q.dtype))
+            out_specs.append(row)
+    outs = pl.pallas_call(
+        functools.partial(_fwd_kernel, p=p, bq=bq, bkv=bkv, residuals=residuals),
+        out_shape=out_shapes, grid=(b, h, nq), in_specs=in_specs, out_specs=out_specs,
+        compiler_params=_params(static), interpret=static.interpret, name="gated_flash_fwd",
+    )(*args)
+    out = outs[0][:, :p.seq, :, :p.head_dim]
+    if not residuals:
+        return out, None, None
+    lse = outs[1][:, :, :p.seq]
+    o = outs[2][:, :p.seq, :, :p.head_dim] if p.gate_kind else out
+    return out, lse, o
+
+
+def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
+    del sink  # its effect is inside lse
+    p = static.problem
+    b, h, n, S, D, g = p.batch, p.heads, p.kv_heads, p.padded, p.padded_dim, p.group
+    qp, kp, vp, dop = _pad_inputs(p, q, k, v, do)
+    segp = _padded_segments(p, seg)
+    lsep = fc.pad_axis(lse, 2, S, fc.EMPTY_ROW_LSE)
+    deltap = fc.pad_axis(delta, 2, S)
+    seg_args = [] if segp is None else [segp]
+    seg_specs = [] if segp is None else [pl.BlockSpec((None, S), lambda b_, x_, y_: (b_, 0))]
+
+    bq, bkv = static.size("block_q_dq"), static.size("block_kv_dq")
+    lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
+    row = pl.BlockSpec((None, bq, None, D), lambda b_, h_, i: (b_, i, h_, 0))
+    whole_kv = pl.BlockSpec((None, S, None, D), lambda b_, h_, i: (b_, 0, h_ // g, 0))
+    stat = pl.BlockSpec((None, None, bq), lambda b_, h_, i: (b_, h_, i))
+    table = pl.BlockSpec((b, S // bq), lambda *_: (0, 0))
+    dq = pl.pallas_call(
+        functools.partial(_dq_kernel, p=p, bq=bq, bkv=bkv),
+        out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype), grid=(b, h, S // bq),
+        in_specs=[row, whole_kv, whole_kv, row, stat, stat, table, table, *seg_specs],
+        out_specs=row, compiler_params=_params(static), interpret=static.interpret,
+        name="gated_flash_dq",
+    )(qp, kp, vp, dop, lsep, deltap, lo, hi, *seg_args)
+
+    bq, bkv = static.size("block_q_dkv"), static.size("block_kv_dkv")
+    _, _, qlo, qhi = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
+    grouped = pl.BlockSpec((None, S, None, g, D), lambda b_, n_, j: (b_, 0, n_, 0, 0))
+    grouped_stat = pl.BlockSpec((None, None, g, S), lambda b_, n_, j: (b_, n_, 0, 0))
+    kv_row = pl.BlockSpec((None, bkv, None, D), lambda b_, n_, j: (b_, j, n_, 0))
+    table = pl.BlockSpec((b, S // bkv), lambda *_: (0, 0))
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkv_kernel, p=p, bq=bq, bkv=bkv),
+        out_shape=[jax.ShapeDtypeStruct(kp.shape, k.dtype),
+                   jax.ShapeDtypeStruct(vp.shape, v.dtype)],
+        grid=(b, n, S // bkv),
+        in_specs=[grouped, kv_row, kv_row, grouped, grouped_stat, grouped_stat, table, table,
+                  *seg_specs],
+        out_specs=[kv_row, kv_row], compiler_params=_params(static),
+        interpret=static.interpret, name="gated_flash_dkv",
+    )(qp.reshape(b, S, n, g, D), kp, vp, dop.reshape(b, S, n, g, D),
+      lsep.reshape(b, n, g, S), deltap.reshape(b, n, g, S), qlo, qhi, *seg_args)
+    unpad = lambda x: x[:, :p.seq, :, :p.head_dim]  # noqa: E731
+    return unpad(dq), unpad(dk), unpad(dv)
+
+
+_flash = fc.make_flash_attention(_forward, _backward)
+
+
+def attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    gate: jax.Array | None = None,
+    gate_activation: str = "sigmoid",
+    segment_ids: jax.Array | None = None,
+    causal: bool = True,
+    normalizer: str = "softmax",
+    sink_logits: jax.Array | None = None,
+    interpret: bool | None = False,
+    block_sizes: dict[str, int] | None = None,
+) -> jax.Array:
+    """Gated flash attention on GPU; the arguments mean what they mean in `ops.attention`.
+
+    interpret: run the kernels in Pallas interpret mode (automatic on a CPU backend).
+    block_sizes: overrides of the tuned table in ops/block_sizes.py.
+    """
+    fc.check_kernel_args(NAME, q, k, normalizer, gate_activation)
+    static = _static(q, k, gate, gate_activation, segment_ids, causal, normalizer, interpret,
+                     block_sizes)
+    return _flash(static, q, k, v, segment_ids, gate, sink_logits)
+
+
+def _static(q, k, gate, gate_activation, segment_ids, causal, normalizer, interpret,
+            block_sizes) -> fc.Static:
+    b, s, h, d = q.shape
+    interpret = fc.resolve_interpret(interpret)
+    kind = "cpu" if interpret and jax.default_backend() == "cpu" else None
+    sizes = fit_to_length(block_sizes_for(d, block_sizes, kind=kind), s, MIN_BLOCK)
+    for key in ("block_q", "block_kv", "block_q_dq", "block_kv_dq", "block_q_dkv",
+                "block_kv_dkv"):
+        if sizes[key] < MIN_BLOCK:
+            raise ValueError(f"block_sizes[{key!r}]={sizes[key]} must be >= {MIN_BLOCK} for "
+                             f"impl={NAME!r}")
+    multiple = max(v for key, v in sizes.items() if key.startswith("block"))
+    problem = fc.Problem(
+        batch=b, seq=s, padded=fc.round_up(s, multiple), heads=h, kv_heads=k.shape[2],
+        head_dim=d, padded_dim=max(MIN_BLOCK, fc.next_pow2(d)), causal=causal,
+        normalizer=normalizer, gate_kind=fc.gate_kind(gate, q),
+        gate_activation=gate_activation, has_segments=segment_ids is not None,
+    )
+    return fc.Static(problem, tuple(sorted(sizes.items())), interpret)
