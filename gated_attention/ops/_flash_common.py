@@ -33,64 +33,67 @@ EMPTY_ROW_LSE = 1e30
 def initial_max(normalizer: str, block_q: int, sink: jax.Array | None = None) -> jax.Array:
     """Running max before any key: the extra denominator term's logit is always included."""
     if normalizer == "softmax":
-        return jnp.full((block_q,), MASK_VALUE, jnp.float32)
+        return jnp.full((block_q, 1), MASK_VALUE, jnp.float32)
     if normalizer == "learned_sink":
-        return jnp.zeros((block_q,), jnp.float32) + sink
-    return jnp.zeros((block_q,), jnp.float32)  # off-by-one and softpick: exp(0) / the "-1"
+        return jnp.zeros((block_q, 1), jnp.float32) + sink
+    return jnp.zeros((block_q, 1), jnp.float32)  # off-by-one and softpick: exp(0) / the "-1"
 
 
 def online_block(x: jax.Array, mask: jax.Array, m_prev: jax.Array, normalizer: str):
     """One kv block of the online normaliser.
 
-    x [bq, bkv] float32 scaled logits, mask [bq, bkv], m_prev [bq]. Returns (m_next,
-    correction [bq], numerator weights [bq, bkv] for the value sum, denominator mass [bq]).
+    x [bq, bkv] float32 scaled logits, mask [bq, bkv], m_prev [bq, 1]. Returns (m_next,
+    correction, numerator weights [bq, bkv] for the value sum, denominator mass), row
+    statistics as [bq, 1] columns.
     """
-    m_cur = jnp.max(jnp.where(mask, x, MASK_VALUE), axis=-1)
-    m_next = jnp.maximum(m_prev, m_cur)
+    masked = jnp.where(mask, x, MASK_VALUE)
+    m_next = jnp.maximum(m_prev, jnp.max(masked, axis=-1, keepdims=True))
     correction = jnp.exp(m_prev - m_next)
-    e = jnp.exp(jnp.where(mask, x, MASK_VALUE) - m_next[:, None])
+    e = jnp.exp(masked - m_next)
     if normalizer == "softpick":
-        shifted = jnp.where(mask, e - jnp.exp(-m_next)[:, None], 0.0)
-        return m_next, correction, jnp.maximum(shifted, 0.0), jnp.sum(jnp.abs(shifted), axis=-1)
+        shifted = jnp.where(mask, e - jnp.exp(-m_next), 0.0)
+        mass = jnp.sum(jnp.abs(shifted), axis=-1, keepdims=True)
+        return m_next, correction, jnp.maximum(shifted, 0.0), mass
     p = jnp.where(mask, e, 0.0)
-    return m_next, correction, p, jnp.sum(p, axis=-1)
+    return m_next, correction, p, jnp.sum(p, axis=-1, keepdims=True)
 
 
 def finalize(acc: jax.Array, m: jax.Array, denom_sum: jax.Array, normalizer: str,
              sink: jax.Array | None = None):
-    """(acc / denominator [bq, d], lse [bq]) once every visible key has been folded in."""
+    """(acc / denominator [bq, d], lse [bq, 1]) once every visible key has been folded in."""
     if normalizer == "softmax":
         empty = denom_sum <= 0.0
         denom = jnp.where(empty, 1.0, denom_sum)
         lse = jnp.where(empty, EMPTY_ROW_LSE, m + jnp.log(denom))
-        return acc / denom[:, None], lse
+        return acc / denom, lse
     if normalizer == "softmax_off_by_one":
         denom = denom_sum + jnp.exp(-m)
     elif normalizer == "learned_sink":
         denom = denom_sum + jnp.exp(sink - m)
     else:
         denom = denom_sum + SOFTPICK_EPS * jnp.exp(-m)
-    return acc / denom[:, None], m + jnp.log(denom)
+    return acc / denom, m + jnp.log(denom)
 
 
 def weights_and_dlogits(x: jax.Array, mask: jax.Array, lse: jax.Array, dw: jax.Array | None,
                         delta: jax.Array, normalizer: str):
     """Recompute attention weights [bq, bkv] from lse and the gradient w.r.t. the logits.
 
-    dw = dO . V^T; delta = rowsum(dO * O). Softmax family: dx = w (dw - delta). Softpick
-    (w = relu(u)/N, u = e^x - 1): dx = e^x/N (1[x>0] dw - sign(x) delta).
+    lse, delta [bq, 1]; dw = dO . V^T; delta = rowsum(dO * O). Softmax family:
+    dx = w (dw - delta). Softpick (w = relu(u)/N, u = e^x - 1):
+    dx = e^x/N (1[x>0] dw - sign(x) delta).
     """
-    e = jnp.where(mask, jnp.exp(x - lse[:, None]), 0.0)
+    e = jnp.where(mask, jnp.exp(x - lse), 0.0)
     if normalizer != "softpick":
         if dw is None:
             return e, None
-        return e, e * (dw - delta[:, None])
+        return e, e * (dw - delta)
     positive = mask & (x > 0.0)
-    w = jnp.where(positive, e - jnp.exp(-lse)[:, None], 0.0)
+    w = jnp.where(positive, e - jnp.exp(-lse), 0.0)
     if dw is None:
         return w, None
     sign = jnp.where(x > 0.0, 1.0, jnp.where(x < 0.0, -1.0, 0.0))
-    return w, e * (jnp.where(positive, dw, 0.0) - sign * delta[:, None])
+    return w, e * (jnp.where(positive, dw, 0.0) - sign * delta)
 
 
 def sigmoid(x: jax.Array) -> jax.Array:

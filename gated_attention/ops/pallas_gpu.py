@@ -61,12 +61,12 @@ def _fwd_kernel(*refs, p: fc.Problem, bq: int, bkv: int, residuals: bool):
         k_seg = None if seg_ref is None else seg_ref[pl.ds(j * bkv, bkv)]
         mask = _mask(p, q_pos, j * bkv + jnp.arange(bkv), q_seg, k_seg)
         m, corr, weights, mass = fc.online_block(x, mask, m, p.normalizer)
-        acc = acc * corr[:, None] + plgpu.dot(weights.astype(v.dtype), v).astype(jnp.float32)
+        acc = acc * corr + plgpu.dot(weights.astype(v.dtype), v).astype(jnp.float32)
         return acc, m, mass_sum * corr + mass
 
     acc0 = jnp.zeros((bq, p.padded_dim), jnp.float32)
     acc, m, mass_sum = lax.fori_loop(lo_ref[b, i], hi_ref[b, i], body,
-                              (acc0, m0, jnp.zeros((bq,), jnp.float32)))
+                              (acc0, m0, jnp.zeros((bq, 1), jnp.float32)))
     o, lse = fc.finalize(acc, m, mass_sum, p.normalizer, sink)
     out = o
     if gate_ref is not None:
@@ -74,7 +74,7 @@ def _fwd_kernel(*refs, p: fc.Problem, bq: int, bkv: int, residuals: bool):
         out = o * (scores if p.gate_kind == "elementwise" else scores[:, None])
     out_ref[...] = out.astype(out_ref.dtype)
     if residuals:
-        lse_ref[...] = lse
+        lse_ref[...] = lse.reshape(bq)
         if o_ref is not None:
             o_ref[...] = o.astype(o_ref.dtype)
 
@@ -86,7 +86,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, lo_ref, hi_ref, 
     (dq_ref,) = rest
     b, i = pl.program_id(0), pl.program_id(2)
     q, do = q_ref[...], do_ref[...]
-    lse, delta = lse_ref[...], delta_ref[...]
+    lse, delta = lse_ref[...][:, None], delta_ref[...][:, None]
     q_pos = i * bq + jnp.arange(bq)
     q_seg = None if seg_ref is None else seg_ref[pl.ds(i * bq, bq)]
 
@@ -122,8 +122,8 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, lo_ref, hi_ref,
             dk, dv = carry
             q = q_ref[pl.ds(i * bq, bq), g, :]
             do = do_ref[pl.ds(i * bq, bq), g, :]
-            lse = lse_ref[g, pl.ds(i * bq, bq)]
-            delta = delta_ref[g, pl.ds(i * bq, bq)]
+            lse = lse_ref[g, pl.ds(i * bq, bq)][:, None]
+            delta = delta_ref[g, pl.ds(i * bq, bq)][:, None]
             x = plgpu.dot(q, k, trans_b=True).astype(jnp.float32) * p.scale
             q_seg = None if seg_ref is None else seg_ref[pl.ds(i * bq, bq)]
             mask = _mask(p, i * bq + jnp.arange(bq), k_pos, q_seg, k_seg)

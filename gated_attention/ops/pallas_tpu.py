@@ -1,0 +1,361 @@
+"""Flash attention for TPUs in Pallas (Mosaic), with the G1 gate fused in.
+
+Head-major layout [batch, heads, seq, head_dim] so every tile's last two dims are
+(rows, head_dim), as the MXU wants. The kv axis is the innermost "arbitrary" grid axis with
+running max/denominator/accumulator in VMEM scratch; `pl.when` skips tiles outside the
+[lo, hi) range of kv blocks that hold a visible key (causal diagonal, segment ranges), and the
+k/v index maps clamp to that range so skipped tiles are not even copied in. Backward: a dq
+kernel over (q block, kv block) and a dk/dv kernel whose innermost axis walks every query
+head of the kv head's GQA group and every q block, so k/v are never repeated.
+
+On a CPU backend the kernels run in the TPU interpret mode automatically.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from gated_attention.ops import _flash_common as fc
+from gated_attention.ops.block_sizes import block_sizes_for, fit_to_length
+
+NAME = "pallas_tpu"
+MIN_BLOCK = 8  # sublane tile; real TPUs want multiples of 128 (see ops/block_sizes.py)
+LANES = 128
+
+
+def _mask(p: fc.Problem, i, j, bq: int, bkv: int, q_seg, k_seg):
+    """[bq, bkv] visibility of tile (i, j); q_seg is [bq, 1] and k_seg [1, bkv]."""
+    q_pos = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bkv), 0)
+    k_pos = j * bkv + jax.lax.broadcasted_iota(jnp.int32, (bq, bkv), 1)
+    mask = k_pos < p.seq
+    if p.causal:
+        mask = mask & (q_pos >= k_pos)
+    if q_seg is not None:
+        mask = mask & (q_seg == k_seg)
+    return mask
+
+
+def _nt(a, b):
+    """a @ b^T with float32 accumulation."""
+    return jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+
+
+def _nn(a, b):
+    return jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+
+
+def _tn(a, b):
+    """a^T @ b with float32 accumulation."""
+    return jax.lax.dot_general(a, b, (((0,), (0,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+
+
+def _clamp(j, lo, hi):
+    """Block index to fetch: skipped steps re-use a neighbouring block (no new copy)."""
+    return jnp.minimum(jnp.maximum(j, lo), jnp.maximum(hi - 1, lo))
+
+
+def _fwd_kernel(lo_ref, hi_ref, *refs, p: fc.Problem, bq: int, bkv: int, nq: int, nkv: int,
+                residuals: bool):
+    refs = list(refs)
+    q_ref, k_ref, v_ref = refs[:3]
+    rest = refs[3:]
+    qseg_ref, kseg_ref = (rest.pop(0), rest.pop(0)) if p.has_segments else (None, None)
+    gate_ref = rest.pop(0) if p.gate_kind else None
+    sink_ref = rest.pop(0) if p.normalizer == "learned_sink" else None
+    m_ref, l_ref, acc_ref = rest[-3:]
+    outs = rest[:-3]
+    b, h, i, j = (pl.program_id(a) for a in range(4))
+    lo, hi = lo_ref[b * nq + i], hi_ref[b * nq + i]
+    sink = None if sink_ref is None else sink_ref[h].astype(jnp.float32)
+
+    @pl.when(j == 0)
+    def _init():
+        m_ref[...] = fc.initial_max(p.normalizer, bq, sink)
+        l_ref[...] = jnp.zeros_like(l_ref)
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    @pl.when((j >= lo) & (j < hi))
+    def _step():
+        q, k, v = q_ref[...], k_ref[...], v_ref[...]
+        x = _nt(q, k) * p.scale
+        q_seg = None if qseg_ref is None else qseg_ref[...]
+        k_seg = None if kseg_ref is None else kseg_ref[...]
+        mask = _mask(p, i, j, bq, bkv, q_seg, k_seg)
+        m, corr, weights, mass = fc.online_block(x, mask, m_ref[...], p.normalizer)
+        m_ref[...] = m
+        l_ref[...] = l_ref[...] * corr + mass
+        acc_ref[...] = acc_ref[...] * corr + _nn(weights.astype(v.dtype), v)
+
+    @pl.when(j == nkv - 1)
+    def _write():
+        o, lse = fc.finalize(acc_ref[...], m_ref[...], l_ref[...], p.normalizer, sink)
+        out = o
+        if gate_ref is not None:
+            out = o * fc.gate_scores(gate_ref[...], p.gate_activation)  # [bq, d] or [bq, 1]
+        outs[0][...] = out.astype(outs[0].dtype)
+        if residuals:
+            outs[1][...] = lse
+            if len(outs) > 2:
+                outs[2][...] = o.astype(outs[2].dtype)
+
+
+def _dq_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest,
+               p: fc.Problem, bq: int, bkv: int, nq: int, nkv: int):
+    rest = list(rest)
+    qseg_ref, kseg_ref = (rest.pop(0), rest.pop(0)) if p.has_segments else (None, None)
+    dq_ref, acc_ref = rest
+    b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    lo, hi = lo_ref[b * nq + i], hi_ref[b * nq + i]
+
+    @pl.when(j == 0)
+    def _init():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    @pl.when((j >= lo) & (j < hi))
+    def _step():
+        q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+        x = _nt(q, k) * p.scale
+        q_seg = None if qseg_ref is None else qseg_ref[...]
+        k_seg = None if kseg_ref is None else kseg_ref[...]
+        mask = _mask(p, i, j, bq, bkv, q_seg, k_seg)
+        _, dx = fc.weights_and_dlogits(x, mask, lse_ref[...], _nt(do, v),
+                                       delta_ref[...], p.normalizer)
+        acc_ref[...] += _nn(dx.astype(k.dtype), k)
+
+    @pl.when(j == nkv - 1)
+    def _write():
+        dq_ref[...] = (acc_ref[...] * p.scale).astype(dq_ref.dtype)
+
+
+def _dkv_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest,
+                p: fc.Problem, bq: int, bkv: int, nq: int, nkv: int):
+    rest = list(rest)
+    qseg_ref, kseg_ref = (rest.pop(0), rest.pop(0)) if p.has_segments else (None, None)
+    dk_ref, dv_ref, dk_acc, dv_acc = rest
+    b, j, r = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    i = r % nq
+    lo, hi = lo_ref[b * nkv + j], hi_ref[b * nkv + j]
+
+    @pl.when(r == 0)
+    def _init():
+        dk_acc[...] = jnp.zeros_like(dk_acc)
+        dv_acc[...] = jnp.zeros_like(dv_acc)
+
+    @pl.when((i >= lo) & (i < hi))
+    def _step():
+        q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+        x = _nt(q, k) * p.scale
+        q_seg = None if qseg_ref is None else qseg_ref[...]
+        k_seg = None if kseg_ref is None else kseg_ref[...]
+        mask = _mask(p, i, j, bq, bkv, q_seg, k_seg)
+        w, dx = fc.weights_and_dlogits(x, mask, lse_ref[...], _nt(do, v),
+                                       delta_ref[...], p.normalizer)
+        dv_acc[...] += _tn(w.astype(do.dtype), do)
+        dk_acc[...] += _tn(dx.astype(q.dtype), q)
+
+    @pl.when(r == p.group * nq - 1)
+    def _write():
+        dk_ref[...] = (dk_acc[...] * p.scale).astype(dk_ref.dtype)
+        dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
+
+
+# ----------------------------------------------------------------------------- launchers
+
+
+def _head_major(p: fc.Problem, x):
+    """[b, s, h, d] -> padded [b, h, S, D]."""
+    return fc.pad_axis(fc.pad_axis(jnp.swapaxes(x, 1, 2), 2, p.padded), 3, p.padded_dim)
+
+
+def _seq_major(p: fc.Problem, x):
+    return jnp.swapaxes(x[:, :, :p.seq, :p.head_dim], 1, 2)
+
+
+def _segments(p: fc.Problem, seg):
+    """(padded ids [b, S], q layout [b, S, 1], kv layout [b, 1, S]) or Nones."""
+    if seg is None:
+        return None, None, None
+    segp = fc.pad_axis(seg.astype(jnp.int32), 1, p.padded, -1)
+    return segp, segp[:, :, None], segp[:, None, :]
+
+
+def _call(kernel, static: fc.Static, grid, in_specs, out_specs, out_shape, scratch, name):
+    return pl.pallas_call(
+        kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=2, grid=grid, in_specs=in_specs, out_specs=out_specs,
+            scratch_shapes=scratch),
+        out_shape=out_shape,
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
+        interpret=pltpu.InterpretParams() if static.interpret else False,
+        name=name,
+    )
+
+
+def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
+    p = static.problem
+    bq, bkv = static.size("block_q"), static.size("block_kv")
+    b, h, S, D, g = p.batch, p.heads, p.padded, p.padded_dim, p.group
+    nq, nkv = S // bq, S // bkv
+    segp, qseg, kseg = _segments(p, seg)
+    lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
+
+    def kv_block(b_, h_, i, j, lo_, hi_):
+        return (b_, h_ // g, _clamp(j, lo_[b_ * nq + i], hi_[b_ * nq + i]), 0)
+
+    row = pl.BlockSpec((None, None, bq, D), lambda b_, h_, i, j, *_: (b_, h_, i, 0))
+    col = pl.BlockSpec((None, None, bq, 1), lambda b_, h_, i, j, *_: (b_, h_, i, 0))
+    kv = pl.BlockSpec((None, None, bkv, D), kv_block)
+    in_specs = [row, kv, kv]
+    args = [_head_major(p, q), _head_major(p, k), _head_major(p, v)]
+    if segp is not None:
+        in_specs += [pl.BlockSpec((None, bq, 1), lambda b_, h_, i, j, *_: (b_, i, 0)),
+                     pl.BlockSpec((None, 1, bkv),
+                                  lambda *a: (a[0], 0, kv_block(*a)[2]))]
+        args += [qseg, kseg]
+    if p.gate_kind == "elementwise":
+        in_specs.append(row)
+        args.append(_head_major(p, gate))
+    elif p.gate_kind == "headwise":
+        in_specs.append(col)
+        args.append(fc.pad_axis(jnp.swapaxes(gate, 1, 2), 2, S)[..., None])
+    if p.normalizer == "learned_sink":
+        in_specs.append(pl.BlockSpec(memory_space=pltpu.SMEM))
+        args.append(sink.astype(jnp.float32))
+
+    out_shape = [jax.ShapeDtypeStruct((b, h, S, D), q.dtype)]
+    out_specs = [row]
+    if residuals:
+        out_shape.append(jax.ShapeDtypeStruct((b, h, S, 1), jnp.float32))
+        out_specs.append(col)
+        if p.gate_kind:
+            out_shape.append(jax.ShapeDtypeStruct((b, h, S, D), q.dtype))
+            out_specs.append(row)
+    scratch = [pltpu.VMEM((bq, 1), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
+               pltpu.VMEM((bq, D), jnp.float32)]
+    kernel = functools.partial(_fwd_kernel, p=p, bq=bq, bkv=bkv, nq=nq, nkv=nkv,
+                               residuals=residuals)
+    outs = _call(kernel, static, (b, h, nq, nkv), in_specs, out_specs, out_shape, scratch,
+                 "gated_flash_fwd")(lo.reshape(-1), hi.reshape(-1), *args)
+    out = _seq_major(p, outs[0])
+    if not residuals:
+        return out, None, None
+    lse = outs[1][:, :, :p.seq, 0]
+    o = _seq_major(p, outs[2]) if p.gate_kind else out
+    return out, lse, o
+
+
+def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
+    del sink  # its effect is inside lse
+    p = static.problem
+    b, h, n, S, D, g = p.batch, p.heads, p.kv_heads, p.padded, p.padded_dim, p.group
+    qh, kh, vh, doh = (_head_major(p, x) for x in (q, k, v, do))
+    lseh = fc.pad_axis(lse, 2, S, fc.EMPTY_ROW_LSE)[..., None]
+    deltah = fc.pad_axis(delta, 2, S)[..., None]
+    segp, qseg, kseg = _segments(p, seg)
+
+    # dq: grid (b, h, q block, kv block)
+    bq, bkv = static.size("block_q_dq"), static.size("block_kv_dq")
+    nq, nkv = S // bq, S // bkv
+    lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
+
+    def kv_block(b_, h_, i, j, lo_, hi_):
+        return (b_, h_ // g, _clamp(j, lo_[b_ * nq + i], hi_[b_ * nq + i]), 0)
+
+    row = pl.BlockSpec((None, None, bq, D), lambda b_, h_, i, j, *_: (b_, h_, i, 0))
+    col = pl.BlockSpec((None, None, bq, 1), lambda b_, h_, i, j, *_: (b_, h_, i, 0))
+    kv = pl.BlockSpec((None, None, bkv, D), kv_block)
+    seg_specs, seg_args = [], []
+    if segp is not None:
+        seg_specs = [pl.BlockSpec((None, bq, 1), lambda b_, h_, i, j, *_: (b_, i, 0)),
+                     pl.BlockSpec((None, 1, bkv), lambda *a: (a[0], 0, kv_block(*a)[2]))]
+        seg_args = [qseg, kseg]
+    kernel = functools.partial(_dq_kernel, p=p, bq=bq, bkv=bkv, nq=nq, nkv=nkv)
+    dq = _call(kernel, static, (b, h, nq, nkv), [row, kv, kv, row, col, col, *seg_specs], row,
+               jax.ShapeDtypeStruct((b, h, S, D), q.dtype), [pltpu.VMEM((bq, D), jnp.float32)],
+               "gated_flash_dq")(lo.reshape(-1), hi.reshape(-1), qh, kh, vh, doh, lseh, deltah,
+                                 *seg_args)
+
+    # dk, dv: grid (b, kv head, kv block, group member x q block)
+    bq, bkv = static.size("block_q_dkv"), static.size("block_kv_dkv")
+    nq, nkv = S // bq, S // bkv
+    _, _, qlo, qhi = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
+
+    def q_block(b_, n_, j, r, lo_, hi_):
+        i = _clamp(r % nq, lo_[b_ * nkv + j], hi_[b_ * nkv + j])
+        return (b_, n_ * g + r // nq, i, 0)
+
+    qrow = pl.BlockSpec((None, None, bq, D), q_block)
+    qcol = pl.BlockSpec((None, None, bq, 1), q_block)
+    kvrow = pl.BlockSpec((None, None, bkv, D), lambda b_, n_, j, r, *_: (b_, n_, j, 0))
+    seg_specs = []
+    if segp is not None:
+        seg_specs = [pl.BlockSpec((None, bq, 1), lambda *a: (a[0], q_block(*a)[2], 0)),
+                     pl.BlockSpec((None, 1, bkv), lambda b_, n_, j, r, *_: (b_, 0, j))]
+    kernel = functools.partial(_dkv_kernel, p=p, bq=bq, bkv=bkv, nq=nq, nkv=nkv)
+    dk, dv = _call(
+        kernel, static, (b, n, nkv, g * nq),
+        [qrow, kvrow, kvrow, qrow, qcol, qcol, *seg_specs], [kvrow, kvrow],
+        [jax.ShapeDtypeStruct(kh.shape, k.dtype), jax.ShapeDtypeStruct(vh.shape, v.dtype)],
+        [pltpu.VMEM((bkv, D), jnp.float32), pltpu.VMEM((bkv, D), jnp.float32)],
+        "gated_flash_dkv",
+    )(qlo.reshape(-1), qhi.reshape(-1), qh, kh, vh, doh, lseh, deltah, *seg_args)
+    return _seq_major(p, dq), _seq_major(p, dk), _seq_major(p, dv)
+
+
+_flash = fc.make_flash_attention(_forward, _backward)
+
+
+def attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    gate: jax.Array | None = None,
+    gate_activation: str = "sigmoid",
+    segment_ids: jax.Array | None = None,
+    causal: bool = True,
+    normalizer: str = "softmax",
+    sink_logits: jax.Array | None = None,
+    interpret: bool | None = False,
+    block_sizes: dict[str, int] | None = None,
+) -> jax.Array:
+    """Gated flash attention on TPU; the arguments mean what they mean in `ops.attention`.
+
+    interpret: run in the Pallas TPU interpret mode (automatic on a CPU backend).
+    block_sizes: overrides of the tuned table in ops/block_sizes.py.
+    """
+    fc.check_kernel_args(NAME, q, k, normalizer, gate_activation)
+    static = _static(q, k, gate, gate_activation, segment_ids, causal, normalizer, interpret,
+                     block_sizes)
+    return _flash(static, q, k, v, segment_ids, gate, sink_logits)
+
+
+def _static(q, k, gate, gate_activation, segment_ids, causal, normalizer, interpret,
+            block_sizes) -> fc.Static:
+    b, s, h, d = q.shape
+    interpret = fc.resolve_interpret(interpret)
+    kind = "cpu" if interpret and jax.default_backend() == "cpu" else None
+    sizes = fit_to_length(block_sizes_for(d, block_sizes, kind=kind), s, MIN_BLOCK)
+    for key in ("block_q", "block_kv", "block_q_dq", "block_kv_dq", "block_q_dkv",
+                "block_kv_dkv"):
+        if sizes[key] < MIN_BLOCK:
+            raise ValueError(f"block_sizes[{key!r}]={sizes[key]} must be >= {MIN_BLOCK} for "
+                             f"impl={NAME!r}")
+    multiple = max(v for key, v in sizes.items() if key.startswith("block"))
+    problem = fc.Problem(
+        batch=b, seq=s, padded=fc.round_up(s, multiple), heads=h, kv_heads=k.shape[2],
+        head_dim=d, padded_dim=fc.round_up(d, 64 if interpret else LANES), causal=causal,
+        normalizer=normalizer, gate_kind=fc.gate_kind(gate, q),
+        gate_activation=gate_activation, has_segments=segment_ids is not None,
+    )
+    return fc.Static(problem, tuple(sorted(sizes.items())), interpret)
