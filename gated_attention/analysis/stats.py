@@ -21,6 +21,7 @@ Padding (segment id 0) never counts. The model runs under nnx.jit, one compile p
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -44,6 +45,25 @@ def _optional(batch: Mapping[str, Any], key: str) -> jax.Array | None:
     return None if value is None else jnp.asarray(value)
 
 
+@functools.partial(nnx.jit, static_argnames=("exclude_first_query", "histogram_range"))
+def _reduce_batch(model, inputs, segment_ids, targets, mask, *, exclude_first_query: bool,
+                  histogram_range: tuple[float, float]):
+    """One batch -> per-layer reductions (and loss sums); compiled once per model structure."""
+    logits, _ = model(inputs, segment_ids=segment_ids, capture=STAT_CAPTURES)
+    layers = capture_lib.collect(model)
+    per_layer = [reductions.reduce_layer(layer, segment_ids, inputs.shape,
+                                         exclude_first_query=exclude_first_query,
+                                         histogram_range=histogram_range) for layer in layers]
+    loss = None
+    if targets is not None:
+        weights = reductions.token_mask(segment_ids, inputs.shape)
+        if mask is not None:
+            weights = weights & mask.astype(bool)
+        nll, info = cross_entropy(logits, targets, weights)
+        loss = {"nll_sum": info["nll"] * info["tokens"], "tokens": info["tokens"]}
+    return per_layer, loss
+
+
 def model_statistics(model: nnx.Module, batches: Iterable[Mapping[str, Any]], *,
                      exclude_first_query: bool = True, sink_threshold: float = SINK_THRESHOLD,
                      max_batches: int | None = None) -> dict[str, Any]:
@@ -53,22 +73,6 @@ def model_statistics(model: nnx.Module, batches: Iterable[Mapping[str, Any]], *,
     variant = model.cfg.variant
     hist_range = reductions.HISTOGRAM_RANGES[variant.activation]
 
-    @nnx.jit
-    def reduce_batch(model, inputs, segment_ids, targets, mask):
-        logits, _ = model(inputs, segment_ids=segment_ids, capture=STAT_CAPTURES)
-        layers = capture_lib.collect(model)
-        per_layer = [reductions.reduce_layer(layer, segment_ids, inputs.shape,
-                                             exclude_first_query=exclude_first_query,
-                                             histogram_range=hist_range) for layer in layers]
-        loss = None
-        if targets is not None:
-            weights = reductions.token_mask(segment_ids, inputs.shape)
-            if mask is not None:
-                weights = weights & mask.astype(bool)
-            nll, info = cross_entropy(logits, targets, weights)
-            loss = {"nll_sum": info["nll"] * info["tokens"], "tokens": info["tokens"]}
-        return per_layer, loss
-
     acc, loss_acc, n_batches = None, None, 0
     for batch in batches:
         if max_batches is not None and n_batches >= max_batches:
@@ -76,8 +80,10 @@ def model_statistics(model: nnx.Module, batches: Iterable[Mapping[str, Any]], *,
         if "inputs" not in batch:
             raise KeyError(f"batch has keys {sorted(batch)}; model_statistics needs 'inputs'")
         inputs = jnp.asarray(batch["inputs"], dtype=jnp.int32)
-        per_layer, loss = reduce_batch(model, inputs, _optional(batch, "segment_ids"),
-                                       _optional(batch, "targets"), _optional(batch, "mask"))
+        per_layer, loss = _reduce_batch(model, inputs, _optional(batch, "segment_ids"),
+                                        _optional(batch, "targets"), _optional(batch, "mask"),
+                                        exclude_first_query=exclude_first_query,
+                                        histogram_range=hist_range)
         acc = reductions.merge(acc, per_layer)
         if loss is not None:
             loss = {k: float(v) for k, v in loss.items()}
@@ -148,6 +154,14 @@ def summarize(acc: Sequence[Mapping[str, Any]], *, exclude_first_query: bool,
     return out
 
 
+@functools.partial(nnx.jit, static_argnames=("layers",))
+def _head_averaged_probs(model, tokens, segment_ids, *, layers: tuple[int, ...]):
+    model(tokens, segment_ids=segment_ids, capture=frozenset({"attention_probs"}))
+    captured = capture_lib.collect(model)
+    return jnp.stack([jnp.mean(captured[i]["attention_probs"][0].astype(jnp.float32), 0)
+                      for i in layers])
+
+
 def attention_maps(model: nnx.Module, tokens: Any, layers: Sequence[int] | None = None,
                    segment_ids: Any = None) -> np.ndarray:
     """Head-averaged attention probabilities [len(layers), s, s] for one prompt (row 0).
@@ -164,12 +178,5 @@ def attention_maps(model: nnx.Module, tokens: Any, layers: Sequence[int] | None 
     if bad:
         raise ValueError(f"layers {bad} out of range; the model has layers 0..{num_layers - 1}")
 
-    @nnx.jit
-    def probs(model, tokens, segment_ids):
-        model(tokens, segment_ids=segment_ids, capture=frozenset({"attention_probs"}))
-        captured = capture_lib.collect(model)
-        return jnp.stack([jnp.mean(captured[i]["attention_probs"][0].astype(jnp.float32), 0)
-                          for i in layers])
-
     seg = None if segment_ids is None else jnp.asarray(segment_ids).reshape(tokens.shape)
-    return np.asarray(probs(model, tokens, seg))
+    return np.asarray(_head_averaged_probs(model, tokens, seg, layers=tuple(layers)))
