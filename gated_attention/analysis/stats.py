@@ -1,6 +1,10 @@
 """The paper's analysis metrics for one model on held-out batches (SPEC.md, "Metrics").
 
-    stats = model_statistics(model, batches)   # batches: dicts with "inputs" [b, s] (+ ...)
+    stats = model_statistics(model, batches)
+
+`batches` are dicts in the training format: "inputs" [b, s] and optionally "segment_ids",
+"positions", "targets", "mask". Rows that are each one whole window from position 0
+(data.pipeline.analysis_batches) measure F-Attn on every query; packed rows work too.
 
 - F-Attn: attention on key 0, averaged over query positions (pooled over every batch), then
   over heads, then over layers. Query 0 only sees itself, so it is excluded by default. In a
@@ -46,10 +50,11 @@ def _optional(batch: Mapping[str, Any], key: str) -> jax.Array | None:
 
 
 @functools.partial(nnx.jit, static_argnames=("exclude_first_query", "histogram_range"))
-def _reduce_batch(model, inputs, segment_ids, targets, mask, *, exclude_first_query: bool,
-                  histogram_range: tuple[float, float]):
+def _reduce_batch(model, inputs, positions, segment_ids, targets, mask, *,
+                  exclude_first_query: bool, histogram_range: tuple[float, float]):
     """One batch -> per-layer reductions (and loss sums); compiled once per model structure."""
-    logits, _ = model(inputs, segment_ids=segment_ids, capture=STAT_CAPTURES)
+    logits, _ = model(inputs, positions=positions, segment_ids=segment_ids,
+                      capture=STAT_CAPTURES)
     layers = capture_lib.collect(model)
     per_layer = [reductions.reduce_layer(layer, segment_ids, inputs.shape,
                                          exclude_first_query=exclude_first_query,
@@ -80,7 +85,8 @@ def model_statistics(model: nnx.Module, batches: Iterable[Mapping[str, Any]], *,
         if "inputs" not in batch:
             raise KeyError(f"batch has keys {sorted(batch)}; model_statistics needs 'inputs'")
         inputs = jnp.asarray(batch["inputs"], dtype=jnp.int32)
-        per_layer, loss = _reduce_batch(model, inputs, _optional(batch, "segment_ids"),
+        per_layer, loss = _reduce_batch(model, inputs, _optional(batch, "positions"),
+                                        _optional(batch, "segment_ids"),
                                         _optional(batch, "targets"), _optional(batch, "mask"),
                                         exclude_first_query=exclude_first_query,
                                         histogram_range=hist_range)

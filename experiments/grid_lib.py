@@ -1,0 +1,149 @@
+"""What a grid is: a list of `Run`s (arch, variant, config overrides, seed, paper table row).
+
+A grid file under experiments/grids/ defines `runs(scale, seeds)`. `scale` maps the paper's
+architectures onto sizes one machine can train ("paper" keeps them), and adds the training
+length that suits that size. Row names are the paper's, as in experiments/paper_tables.json
+and gated_attention.variants.VARIANTS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import pathlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gated_attention.config_lib import ARCHS
+from gated_attention.variants import VARIANTS
+
+PAPER_TABLES_FILE = pathlib.Path(__file__).with_name("paper_tables.json")
+SCALES = ("tiny", "small", "paper")
+# The paper's architectures, and the local stand-ins each scale trains instead.
+SCALED_ARCHS: dict[str, dict[str, str]] = {
+    "tiny": {"moe_15a2b": "tiny_moe", "dense_1p7b_28l": "tiny", "dense_1p7b_48l": "tiny"},
+    "small": {"moe_15a2b": "small_moe", "dense_1p7b_28l": "small", "dense_1p7b_48l": "small"},
+    "paper": {},
+}
+# Run length per scale (applied before a grid's own overrides and --set).
+SCALE_OVERRIDES: dict[str, dict[str, Any]] = {
+    "tiny": {"train.steps": 600, "train.batch_size": 16, "train.eval_every": 200,
+             "optimizer.warmup_steps": 60},
+    "small": {"train.steps": 5000, "train.batch_size": 32, "train.eval_every": 500,
+              "optimizer.warmup_steps": 300},
+    "paper": {},
+}
+
+
+class GridError(ValueError):
+    """A grid, scale or run definition names something that does not exist."""
+
+
+def paper_tables() -> dict[str, Any]:
+    return json.loads(PAPER_TABLES_FILE.read_text())
+
+
+def check_scale(scale: str) -> None:
+    if scale not in SCALES:
+        raise GridError(f"scale={scale!r} is not allowed; choose one of {', '.join(SCALES)}")
+
+
+def scaled_arch(paper_arch: str, scale: str) -> str:
+    check_scale(scale)
+    if paper_arch not in ARCHS:
+        raise GridError(f"arch={paper_arch!r} unknown; choose one of {', '.join(ARCHS)}")
+    return SCALED_ARCHS[scale].get(paper_arch, paper_arch)
+
+
+# Short names of common overrides in run directory names.
+SHORT_KEYS = {"optimizer.peak_lr": "lr", "model.narrow_ffn_to_match_baseline": "narrowffn",
+              "data.add_bos": "bos", "train.steps": "steps"}
+
+
+def _name_part(key: str, value: Any) -> str:
+    short = SHORT_KEYS.get(key, key.split(".")[-1])
+    if isinstance(value, bool):
+        return short if value else f"no{short}"
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    return short + re.sub(r"[^A-Za-z0-9.+]", "", text)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One training run of a grid. `table` and `paper` locate the paper's row it reproduces."""
+
+    arch: str
+    variant: str
+    seed: int = 0
+    overrides: tuple[tuple[str, Any], ...] = ()
+    table: str = ""
+    paper: tuple[tuple[str, Any], ...] = ()  # keys matching the paper row, e.g. (("max_lr", 8e-3),)
+    label: str = ""  # what tells this run apart in the grid (defaults to the variant)
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise GridError(f"run arch={self.arch!r} unknown; choose one of {', '.join(ARCHS)}")
+        if self.variant not in VARIANTS:
+            raise GridError(f"run variant={self.variant!r} unknown; choose one of "
+                            f"{', '.join(VARIANTS)}")
+
+    @property
+    def name(self) -> str:
+        """Directory name: arch, variant, the grid's own overrides (not scale defaults), seed."""
+        parts = [self.arch, self.variant]
+        parts += [_name_part(key, value) for key, value in self.overrides]
+        return "-".join(parts + [f"s{self.seed}"])
+
+    def with_overrides(self, extra: Mapping[str, Any]) -> Run:
+        return dataclasses.replace(self, overrides=tuple(sorted({**extra,
+                                                                 **dict(self.overrides)}.items())))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "arch": self.arch, "variant": self.variant, "seed": self.seed,
+                "overrides": dict(self.overrides), "table": self.table, "paper": dict(self.paper),
+                "label": self.label or self.variant}
+
+
+def table_runs(table: str, paper_arch: str, scale: str, seeds: Sequence[int], *,
+               names: Sequence[str] | None = None, extra: Sequence[str] = ()) -> list[Run]:
+    """One run per row of a paper table (and per seed), plus `extra` comparison variants."""
+    rows = paper_tables()[table]
+    row_names = [r["name"] for r in rows] if names is None else list(names)
+    arch = scaled_arch(paper_arch, scale)
+    return [Run(arch=arch, variant=name, seed=seed, table=table)
+            for name in dict.fromkeys([*row_names, *extra]) for seed in seeds]
+
+
+def load_grid(path: str | pathlib.Path) -> Any:
+    """Import a grid file by path; it must define `runs(scale, seeds)`."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise GridError(f"grid file {path} does not exist (see experiments/grids/)")
+    spec = importlib.util.spec_from_file_location(f"grid_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "runs", None)):
+        raise GridError(f"grid file {path} defines no runs(scale, seeds) function")
+    return module
+
+
+def grid_runs(path: str | pathlib.Path, scale: str, seeds: Sequence[int]) -> list[Run]:
+    """The grid's runs at `scale`, each name once (two paper settings may map onto one)."""
+    check_scale(scale)
+    runs = load_grid(path).runs(scale, tuple(seeds))
+    out, seen = [], set()
+    for run in runs:
+        if run.name in seen:  # e.g. two paper settings that map onto one local arch
+            continue
+        seen.add(run.name)
+        out.append(run)
+    return out
+
+
+def run_overrides(run: Run, scale: str, settings: Mapping[str, Any] | None = None
+                  ) -> dict[str, Any]:
+    """Every --config.x=y a run is launched with: scale defaults < grid overrides < --set."""
+    return {**SCALE_OVERRIDES[scale], **dict(run.overrides), **dict(settings or {}),
+            "seed": run.seed}
