@@ -121,7 +121,8 @@ def create_mesh(mesh_config: Mapping[str, Any], devices: Sequence[Any] | None = 
     if math.prod(dcn) == 1:
         return jax.make_mesh(ici, MESH_AXES, axis_types=axis_types, devices=devices)
     # Slices are the DCN granules on TPU; elsewhere (GPU hosts, CPU tests) processes are.
-    by_slice = getattr(devices[0], "slice_index", None) is not None
+    slices = {getattr(d, "slice_index", None) for d in devices}
+    by_slice = None not in slices and len(slices) == math.prod(dcn)
     device_array = mesh_utils.create_hybrid_device_mesh(
         ici, dcn, devices, process_is_granule=not by_slice, allow_split_physical_axes=True)
     return Mesh(device_array, MESH_AXES, axis_types=axis_types)
