@@ -14,6 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from gated_attention.analysis.stability import EMA_DECAY, ema_smooth  # noqa: E402
 
@@ -57,6 +58,7 @@ def plot_per_layer(values: Mapping[str, Sequence[float]], path: PathLike, ylabel
     for label, ys in values.items():
         ax.plot(range(len(ys)), ys, marker="o", markersize=3, label=label)
     ax.set_xlabel("layer")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     if log:
@@ -98,6 +100,9 @@ def plot_attention_map(maps: Mapping[str, np.ndarray] | np.ndarray, path: PathLi
     if not isinstance(maps, Mapping):
         maps = {"": maps}
     rows, cols = len(maps), len(layers)
+    # One colour scale for the figure; row 0 (query 0 sees only itself, weight 1) is left out.
+    vmax = max((float(np.max(np.asarray(a)[:, 1:])) for a in maps.values()
+                if np.asarray(a).shape[1] > 1), default=1.0) or 1.0
     fig, axes = plt.subplots(rows, cols, figsize=(3 * cols, 3 * rows), squeeze=False)
     for r, (label, arr) in enumerate(maps.items()):
         arr = np.asarray(arr)
@@ -105,7 +110,7 @@ def plot_attention_map(maps: Mapping[str, np.ndarray] | np.ndarray, path: PathLi
             raise ValueError(f"maps[{label!r}] has {arr.shape[0]} layers; layers={list(layers)}")
         for c, layer in enumerate(layers):
             ax = axes[r][c]
-            ax.imshow(arr[c], cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+            ax.imshow(arr[c], cmap="viridis", vmin=0.0, vmax=vmax, interpolation="nearest")
             ax.set_title(f"{label} layer {layer}".strip(), fontsize=9)
             if tokens is not None and len(tokens) <= 32:
                 ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=6)

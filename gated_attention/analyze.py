@@ -1,0 +1,223 @@
+"""Analyse a trained run: attention sink, massive activations, gate scores, sparsity, maps,
+stability; writes `<workdir>/analysis/analysis.json` and PNG figures beside it.
+
+    python -m gated_attention.analyze --workdir=runs/x [--step=N] [--batches=8]
+        [--batch_size=8] [--prompt="..."] [--layers=0,3] [--sink_threshold=0.3]
+        [--include_first_query]
+
+The metrics are measured on held-out windows that each start a document chunk at position 0
+(data.pipeline.analysis_batches), falling back to the packed eval batches when the held-out
+split has too few full windows. Definitions: gated_attention/analysis/stats.py. An earlier
+analysis of a different checkpoint step is moved to `analysis.step<N>/`, never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from absl import app, flags
+
+DEFAULT_PROMPT = ("The quick brown fox jumps over the lazy dog. Attention sinks appear when "
+                  "a model has nowhere else to put its attention.")
+MAX_PROMPT_TOKENS = 48
+ANALYSIS_DIR = "analysis"
+
+
+def analysis_batches(config: Any, workdir: pathlib.Path, batch_size: int, num_batches: int
+                     ) -> tuple[list[dict[str, Any]], Any, str]:
+    """(batches, tokenizer, description) of the run's held-out data."""
+    from gated_attention import data as data_lib
+    from gated_attention.data import pipeline
+
+    if config.data.source == "seqio":
+        inputs = data_lib.build_inputs(config, workdir)
+        return inputs.eval_batches[:num_batches], inputs.tokenizer, "packed seqio eval batches"
+    local = pipeline.load_local_data(config.data, config.model.vocab_size, workdir)
+    batches = pipeline.analysis_batches(local, config.data, batch_size, num_batches)
+    if batches:
+        return batches, local.tokenizer, "held-out windows, one chunk per row from position 0"
+    batches = pipeline.eval_batches(local, config.data, batch_size, num_batches)
+    return batches, local.tokenizer, "packed held-out batches (too few full windows)"
+
+
+def prompt_tokens(tokenizer: Any, prompt: str, add_bos: bool) -> tuple[list[int], list[str]]:
+    ids = [int(i) for i in tokenizer.encode([prompt])[0]][:MAX_PROMPT_TOKENS]
+    if add_bos:
+        ids = [int(tokenizer.bos_id)] + ids[:MAX_PROMPT_TOKENS - 1]
+    labels = ["<bos>" if i == tokenizer.bos_id and add_bos and n == 0
+              else tokenizer.decode([i]) for n, i in enumerate(ids)]
+    return ids, labels
+
+
+def default_layers(num_layers: int) -> list[int]:
+    return sorted({0, num_layers // 2, num_layers - 1})
+
+
+def stability_section(workdir: pathlib.Path, warmup_steps: int) -> dict[str, Any]:
+    from gated_attention.analysis import stability
+
+    path = workdir / "metrics.jsonl"
+    if not path.exists():
+        return {"train": stability.stability_report([]), "eval": [], "logged_spikes": None}
+    records = stability.read_metrics(path)
+    train = [r for r in records if r.get("kind", "train") == "train"]
+    evals = [r for r in records if r.get("kind") == "eval"]
+    report = stability.stability_report(stability.loss_series(train),
+                                        warmup_steps=warmup_steps)
+    logged = [r["step"] for r in train if r.get("loss_spike")]
+    return {"train": report, "logged_spike_steps": logged, "logged_spikes": len(logged),
+            "eval": stability.loss_series(evals, "loss"),
+            "final_eval": evals[-1] if evals else None}
+
+
+def make_figures(out: pathlib.Path, result: dict[str, Any], maps: Any, labels: list[str],
+                 train_series: Sequence[tuple[int, float]]) -> dict[str, str]:
+    from gated_attention.analysis import plots
+
+    name = result["variant"]
+    figures = {
+        "loss": plots.plot_loss_curves({name: train_series}, out / "loss.png"),
+        "first_token_attention": plots.plot_per_layer(
+            {name: result["first_token_attention_per_layer"]}, out / "first_token_attention.png",
+            "attention on token 0", "F-Attn per layer"),
+        "max_activation": plots.plot_per_layer(
+            result["max_activation_per_layer"], out / "max_activation.png", "max |value|",
+            f"{name}: massive activations per layer", log=True),
+        "attention_maps": plots.plot_attention_map(
+            {name: maps}, out / "attention_maps.png", result["attention_map_layers"],
+            tokens=labels),
+    }
+    if result["gate_histogram"] is not None:
+        hist = result["gate_histogram"]
+        figures["gate_histogram"] = plots.plot_gate_histograms(
+            {f"layer {i}": {"edges": hist["edges"], "all": h}
+             for i, h in enumerate(hist["per_layer"])},
+            out / "gate_histogram.png", f"{name}: gate scores per layer")
+    if result["sparsity"] is not None:
+        figures["sparsity"] = plots.plot_per_layer(
+            {side: [layer[side]["mean_abs"] for layer in result["sparsity"]]
+             for side in ("before", "after")},
+            out / "sparsity.png", "mean |SDPA output|", f"{name}: before / after the gate")
+    return {k: os.path.basename(v) for k, v in figures.items()}
+
+
+def keep_earlier(out: pathlib.Path, step: int) -> None:
+    """Move an analysis of another checkpoint step aside (nothing saved is lost)."""
+    old_file = out / "analysis.json"
+    if not old_file.exists():
+        return
+    old_step = json.loads(old_file.read_text()).get("step")
+    if old_step == step:
+        return
+    target = out.with_name(f"{ANALYSIS_DIR}.step{old_step}")
+    n = 1
+    while target.exists():
+        target = out.with_name(f"{ANALYSIS_DIR}.step{old_step}-{n}")
+        n += 1
+    shutil.move(str(out), str(target))
+    print(f"Moved the analysis of step {old_step} to {target}")
+
+
+def analyze(workdir: str | os.PathLike[str], *, step: int | None = None, batches: int = 8,
+            batch_size: int = 8, prompt: str = DEFAULT_PROMPT,
+            layers: Sequence[int] | None = None, sink_threshold: float = 0.3,
+            exclude_first_query: bool = True) -> dict[str, Any]:
+    """Analyse the run in `workdir` (its latest checkpoint unless `step`); returns the result."""
+    from gated_attention import checkpoint as checkpoint_lib
+    from gated_attention import config_lib, inspect, train
+    from gated_attention.analysis import stats
+
+    workdir = pathlib.Path(workdir)
+    if not (workdir / "config.json").exists():
+        raise FileNotFoundError(f"{workdir} holds no config.json: not a training run")
+    if step is None:
+        ckpt = checkpoint_lib.Checkpointer(workdir, keep=1, async_save=False)
+        step = ckpt.latest_step()
+        ckpt.close()
+        if step is None:
+            raise FileNotFoundError(f"{workdir} holds no checkpoint")
+    model, config = train.load_params(workdir, step=step)
+    held_out, tokenizer, description = analysis_batches(config, workdir, batch_size, batches)
+    result = stats.model_statistics(model, held_out, exclude_first_query=exclude_first_query,
+                                    sink_threshold=sink_threshold)
+    num_layers = model.cfg.num_layers
+    layers = default_layers(num_layers) if layers is None else list(layers)
+    ids, labels = prompt_tokens(tokenizer, prompt, bool(config.data.add_bos))
+    maps = stats.attention_maps(model, ids, layers)
+    stability = stability_section(workdir, int(config.optimizer.warmup_steps))
+    cfg = config_lib.model_config(config)
+    info = inspect.report(cfg, int(config.data.seq_len))
+    result.update(
+        workdir=str(workdir), step=int(step), arch=config.arch, data=description,
+        batch_size=batch_size, seq_len=int(config.data.seq_len), add_bos=bool(config.data.add_bos),
+        prompt=prompt, prompt_tokens=labels, attention_map_layers=layers,
+        stability=stability,
+        params={k: info[k] for k in ("total_params", "active_params",
+                                     "params_added_vs_baseline")},
+    )
+    out = workdir / ANALYSIS_DIR
+    keep_earlier(out, int(step))
+    out.mkdir(parents=True, exist_ok=True)
+    from gated_attention.analysis.stability import loss_series
+
+    train_series = loss_series(r for r in _records(workdir) if r.get("kind", "train") == "train")
+    result["figures"] = make_figures(out, result, maps, labels, train_series)
+    import numpy as np
+
+    np.save(out / "attention_maps.npy", maps)
+    (out / "analysis.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _records(workdir: pathlib.Path) -> list[dict[str, Any]]:
+    from gated_attention.analysis.stability import read_metrics
+
+    path = workdir / "metrics.jsonl"
+    return read_metrics(path) if path.exists() else []
+
+
+flags.DEFINE_string("workdir", None, "A training run's directory.")
+flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+flags.DEFINE_integer("batches", 8, "Held-out batches to measure on.")
+flags.DEFINE_integer("batch_size", 8, "Rows per held-out batch.")
+flags.DEFINE_string("prompt", DEFAULT_PROMPT, "Prompt for the attention maps.")
+flags.DEFINE_list("layers", None, "Layers whose attention maps to draw (default first, "
+                  "middle, last).")
+flags.DEFINE_float("sink_threshold", 0.3, "Sink rate threshold on mean attention to token 0.")
+flags.DEFINE_bool("include_first_query", False, "Count query 0 (it only sees itself) in F-Attn.")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    FLAGS = flags.FLAGS
+    try:
+        layers = None if FLAGS.layers is None else [int(x) for x in FLAGS.layers]
+    except ValueError:
+        sys.exit(f"--layers={','.join(FLAGS.layers)} must be comma-separated integers")
+    try:
+        result = analyze(FLAGS.workdir, step=FLAGS.step, batches=FLAGS.batches,
+                         batch_size=FLAGS.batch_size, prompt=FLAGS.prompt, layers=layers,
+                         sink_threshold=FLAGS.sink_threshold,
+                         exclude_first_query=not FLAGS.include_first_query)
+    except (FileNotFoundError, ValueError) as err:
+        sys.exit(f"Error: {err}")
+    gate = result["gate_score_mean"]
+    print(f"{result['variant']} step {result['step']}: "
+          f"F-Attn {result['first_token_attention']:.3f} "
+          f"(query 0 {'excluded' if result['exclude_first_query'] else 'included'}), "
+          f"sink rate {result['sink_rate']:.2f}, M-Act {result['massive_activation']:.1f}, "
+          f"gate {'-' if gate is None else f'{gate:.3f}'}"
+          + (f", held-out PPL {result['perplexity']:.2f}" if "perplexity" in result else "")
+          + f". Written to {pathlib.Path(result['workdir']) / ANALYSIS_DIR}")
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["workdir"])
+    app.run(main)
