@@ -34,7 +34,7 @@ def param(
         value = jnp.ones(tuple(shape), dtype)
     else:
         raise ValueError(f"init={init!r} is not allowed; choose one of normal, zeros, ones")
-    return nnx.Param(value, sharding_names=tuple(names), eager_sharding=False)
+    return nnx.Param(value, out_sharding=tuple(names), eager_sharding=False)
 
 
 def cast(p: nnx.Param, dtype: jnp.dtype) -> jax.Array:

@@ -1,0 +1,122 @@
+"""An independent float64 numpy implementation of the paper's attention layer, for tests.
+
+Written from SPEC.md's formulas, sharing no code with the package: projections, the gates at
+G1-G5, QK-norm, RoPE, the four normalisers, GQA, causal and segment masks, o_proj.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+ACT = {
+    "sigmoid": sigmoid,
+    "silu": lambda x: x * sigmoid(x),
+    "identity": lambda x: x,
+    "ns_sigmoid": lambda x: 0.5 + 0.5 * sigmoid(x),
+}
+
+
+def rms(x, eps=1e-6):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+def rope(x, positions, base=10_000.0):
+    """x [b, s, h, d]; rotate pairs (i, i + d/2) by position * base^(-2i/d)."""
+    d = x.shape[-1]
+    out = np.empty_like(x)
+    for i in range(d // 2):
+        theta = positions * base ** (-2.0 * i / d)  # [b, s]
+        c, s = np.cos(theta)[:, :, None], np.sin(theta)[:, :, None]
+        a, b = x[..., i], x[..., i + d // 2]
+        out[..., i] = a * c - b * s
+        out[..., i + d // 2] = b * c + a * s
+    return out
+
+
+def attention_probs(q, k, *, causal=True, segment_ids=None, normalizer="softmax", sink=None):
+    """Probabilities [b, h, s, t], looping over query heads (GQA by integer division)."""
+    b, s, h, d = q.shape
+    t, kv = k.shape[1], k.shape[2]
+    probs = np.zeros((b, h, s, t))
+    for bi in range(b):
+        for hi in range(h):
+            kh = hi // (h // kv)
+            for i in range(s):
+                visible = [j for j in range(t)
+                           if (not causal or j <= i)
+                           and (segment_ids is None or segment_ids[bi, j] == segment_ids[bi, i])]
+                x = np.array([q[bi, i, hi] @ k[bi, j, kh] / np.sqrt(d) for j in visible])
+                if normalizer == "softmax":
+                    w = np.exp(x) / np.exp(x).sum()
+                elif normalizer == "softmax_off_by_one":
+                    w = np.exp(x) / (1.0 + np.exp(x).sum())
+                elif normalizer == "learned_sink":
+                    w = np.exp(x) / (np.exp(sink[hi]) + np.exp(x).sum())
+                elif normalizer == "softpick":
+                    w = np.maximum(np.exp(x) - 1.0, 0.0) / (np.abs(np.exp(x) - 1.0).sum() + 1e-6)
+                else:
+                    raise ValueError(normalizer)
+                probs[bi, hi, i, visible] = w
+    return probs
+
+
+def sdpa(q, k, v, **kwargs):
+    probs = attention_probs(q, k, **kwargs)
+    kv = k.shape[2]
+    h = q.shape[2]
+    v_rep = np.repeat(v, h // kv, axis=2)  # [b, t, h, d]
+    return np.einsum("bhst,bthd->bshd", probs, v_rep)
+
+
+def gate_scores(x, w, variant):
+    """act(X W) for hidden gates; w is [D, heads, d], [D, heads] or [D, D]; theta if constant."""
+    if variant["gate_input"] == "constant":
+        logits = np.broadcast_to(w, x.shape[:2] + w.shape)
+    elif w.ndim == 3:
+        logits = np.einsum("bsD,Dhd->bshd", x, w)
+        if variant["sharing"] == "head_shared":
+            logits = np.broadcast_to(logits.mean(axis=2, keepdims=True), logits.shape)
+    else:
+        logits = np.einsum("bsD,DE->bsE", x, w)
+    return ACT[variant["activation"]](logits)
+
+
+def apply_gate(y, x, w, variant):
+    scores = gate_scores(x, w, variant)
+    if scores.ndim == y.ndim - 1:
+        scores = scores[..., None]
+    return y * scores if variant["combine"] == "multiply" else y + scores
+
+
+def attention_layer(x, params, variant, *, positions, segment_ids=None, qk_norm=True):
+    """x [b, s, D] (already normalised) -> attention branch output [b, s, D]."""
+    pos = variant["gate_position"]
+    q = np.einsum("bsD,Dhd->bshd", x, params["q_proj"])
+    k = np.einsum("bsD,Dhd->bshd", x, params["k_proj"])
+    v = np.einsum("bsD,Dhd->bshd", x, params["v_proj"])
+    if pos == "query":
+        q = apply_gate(q, x, params["gate"], variant)
+    if pos == "key":
+        k = apply_gate(k, x, params["gate"], variant)
+    if pos == "value":
+        v = apply_gate(v, x, params["gate"], variant)
+    if qk_norm:
+        q, k = rms(q) * params["q_norm"], rms(k) * params["k_norm"]
+    q, k = rope(q, positions), rope(k, positions)
+    out = sdpa(q, k, v, causal=True, segment_ids=segment_ids, normalizer=variant["normalizer"],
+               sink=params.get("sink_logits"))
+    if variant["sdpa_transform"] == "silu":
+        out = ACT["silu"](out)
+    elif variant["sdpa_transform"] == "rmsnorm":
+        out = rms(out)
+    if pos == "sdpa":
+        out = apply_gate(out, x, params["gate"], variant)
+    out = np.einsum("bshd,hdD->bsD", out, params["o_proj"])
+    if pos == "dense_output":
+        out = apply_gate(out, x, params["gate"], variant)
+    return out
