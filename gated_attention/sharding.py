@@ -113,19 +113,29 @@ def full_mesh_shape(mesh_config: Mapping[str, Any], num_devices: int) -> dict[st
     return {axis: i * d for axis, i, d in zip(MESH_AXES, ici, dcn)}
 
 
-def create_mesh(mesh_config: Mapping[str, Any], devices: Sequence[Any] | None = None) -> Mesh:
-    """The device mesh for `config.mesh` (automatic axis types, so jit propagates shardings)."""
-    devices = list(jax.devices() if devices is None else devices)
+def device_grid(mesh_config: Mapping[str, Any], devices: Sequence[Any]) -> np.ndarray:
+    """Devices arranged as the full mesh; with dcn_* > 1 only those axes cross slices."""
+    devices = list(devices)
     ici, dcn = mesh_shape(mesh_config, len(devices)), dcn_shape(mesh_config)
-    axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
     if math.prod(dcn) == 1:
-        return jax.make_mesh(ici, MESH_AXES, axis_types=axis_types, devices=devices)
+        return mesh_utils.create_device_mesh(ici, devices, allow_split_physical_axes=True)
     # Slices are the DCN granules on TPU; elsewhere (GPU hosts, CPU tests) processes are.
     slices = {getattr(d, "slice_index", None) for d in devices}
     by_slice = None not in slices and len(slices) == math.prod(dcn)
-    device_array = mesh_utils.create_hybrid_device_mesh(
+    return mesh_utils.create_hybrid_device_mesh(
         ici, dcn, devices, process_is_granule=not by_slice, allow_split_physical_axes=True)
-    return Mesh(device_array, MESH_AXES, axis_types=axis_types)
+
+
+def create_mesh(mesh_config: Mapping[str, Any], devices: Sequence[Any] | None = None) -> Mesh:
+    """The device mesh for `config.mesh` (automatic axis types, so jit propagates shardings)."""
+    devices = list(jax.devices() if devices is None else devices)
+    if math.prod(dcn_shape(mesh_config)) == 1:
+        # make_mesh orders devices for the physical topology (TPU torus, GPU NVLink).
+        return jax.make_mesh(mesh_shape(mesh_config, len(devices)), MESH_AXES,
+                             axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES),
+                             devices=devices)
+    return Mesh(device_grid(mesh_config, devices), MESH_AXES,
+                axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
 
 
 # ----------------------------------------------------------------------------- rules
@@ -242,16 +252,6 @@ def state_shardings(state: Any, mesh: Mesh, rules: Rules = LOGICAL_RULES) -> Any
 def batch_sharding(mesh: Mesh, rules: Rules = LOGICAL_RULES) -> NamedSharding:
     """Sharding of [batch, length] arrays."""
     return NamedSharding(mesh, logical_to_spec(("batch", "length"), rules))
-
-
-def abstract_state(state: Any, shardings: Any) -> Any:
-    """ShapeDtypeStructs carrying `shardings`: the restore target that reshards a checkpoint.
-
-    A checkpoint saved on one mesh restores onto another when orbax is given this target
-    (`ocp.args.StandardRestore(abstract_state(state, state_shardings(state, new_mesh)))`).
-    """
-    return jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s), state, shardings)
 
 
 def constrain(x: jax.Array, logical_names: Sequence[str | None]) -> jax.Array:

@@ -1,0 +1,157 @@
+"""Sharded training of a tiny model with train.py's step, runnable as one of several processes.
+
+    python tests/multiprocess_worker.py --process_id=0 --num_processes=2 --port=12345 \
+        --local_devices=4 --mesh=fsdp=2,tensor=2,dcn_data=2 --steps=3
+
+prints one JSON line {"process": i, "losses": [...]}. Each process builds only its own rows of
+every global batch and assembles global arrays with distributed.global_batch, as on a pod.
+The tests import the same helpers to train in-process on one or many devices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+if __name__ == "__main__":  # devices and platform must be fixed before jax is imported
+    _pre = argparse.ArgumentParser(add_help=False)
+    _pre.add_argument("--local_devices", type=int, default=4)
+    _known, _ = _pre.parse_known_args()
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={_known.local_devices}"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+
+from gated_attention import checkpoint, config_lib, distributed, sharding, train  # noqa: E402
+
+GLOBAL_BATCH, SEQ_LEN, VOCAB = 8, 16, 256
+# Tests compile many small programs on a shared CPU: skip LLVM's slow passes (same numerics
+# contract: float32 everywhere, no fast-math).
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def tiny_config(mesh: dict | None = None) -> ml_collections.ConfigDict:
+    """One layer, 8 query heads (split by tensor=2, 4 or 8), 4 kv heads (kept whole at 8)."""
+    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config.model.update(dict(num_layers=1, d_model=64, num_heads=8, num_kv_heads=4, head_dim=8,
+                             mlp_dim=128, vocab_size=VOCAB, dtype="float32",
+                             attention_impl="xla"))
+    config.data.seq_len = SEQ_LEN
+    config.train.update(dict(batch_size=GLOBAL_BATCH, steps=20))
+    config.optimizer.update(dict(peak_lr=1e-2, warmup_steps=2))
+    for axis, size in (mesh or {}).items():
+        config.mesh[axis] = size
+    return config
+
+
+def synthetic_batch(step: int, rows: slice = slice(None)) -> dict[str, np.ndarray]:
+    """Rows `rows` of a deterministic global batch for `step`: two packed documents per row."""
+    tokens = np.random.default_rng(1000 + step).integers(0, VOCAB, (GLOBAL_BATCH, SEQ_LEN + 1))
+    half = SEQ_LEN // 2
+    segments = np.repeat(np.array([[1, 2]], np.int32), half, axis=1)
+    positions = np.tile(np.arange(half, dtype=np.int32), 2)[None]
+    batch = {"inputs": tokens[:, :-1].astype(np.int32), "targets": tokens[:, 1:].astype(np.int32),
+             "mask": np.ones((GLOBAL_BATCH, SEQ_LEN), bool),
+             "segment_ids": np.broadcast_to(segments, (GLOBAL_BATCH, SEQ_LEN)),
+             "positions": np.broadcast_to(positions, (GLOBAL_BATCH, SEQ_LEN))}
+    return {k: np.ascontiguousarray(v[rows]) for k, v in batch.items()}
+
+
+def host_init(spec: train.TrainStateSpec):
+    """The sharded train state built from numpy on each host (no compile, same on every mesh).
+
+    Norm scales are 1, other parameters normal(0, 0.02) seeded by their path, optimizer
+    moments and the step 0: the initial state any mesh and any process count agree on.
+    """
+    targets = checkpoint.abstract_with_shardings(spec.abstract, spec.shardings)
+
+    def make(path, target):
+        name = jax.tree_util.keystr(path)
+        if name.startswith("['params']"):
+            rng = np.random.default_rng(zlib.crc32(name.encode()))
+            value = (np.ones(target.shape) if "scale" in name
+                     else 0.02 * rng.standard_normal(target.shape))
+        else:
+            value = np.zeros(target.shape)
+        value = value.astype(target.dtype)
+        return jax.make_array_from_callback(target.shape, target.sharding, lambda i: value[i])
+
+    return jax.tree_util.tree_map_with_path(make, targets)
+
+
+_STEPS: dict[tuple, Callable] = {}
+
+
+def jit_step(config, spec: train.TrainStateSpec, mesh) -> Callable:
+    """train.make_train_step jitted as train.jit_train_step does (shardings, donation).
+
+    Cached per mesh, so a test that trains on the same mesh twice compiles once.
+    """
+    key = (tuple(mesh.shape.items()), tuple(d.id for d in mesh.devices.flat))
+    if key in _STEPS:
+        return _STEPS[key]
+    rules = sharding.rules_from_config(config.mesh)
+    jitted = jax.jit(train.make_train_step(spec.graphdef, config),
+                     in_shardings=(spec.shardings, sharding.batch_sharding(mesh, rules)),
+                     out_shardings=(spec.shardings, None), donate_argnums=(0,),
+                     compiler_options=FAST_COMPILE)
+
+    def call(state, batch):
+        with jax.set_mesh(mesh), sharding.logical_rules(rules):
+            return jitted(state, batch)
+
+    _STEPS[key] = call
+    return call
+
+
+def train_steps(config, steps: int, *, state=None, first_step: int = 0, devices=None):
+    """Train `steps` steps on config.mesh; returns (losses, final state, spec, mesh)."""
+    mesh = sharding.create_mesh(config.mesh, devices)
+    spec = train.train_state_spec(config, mesh)
+    if state is None:
+        state = host_init(spec)
+    step_fn = jit_step(config, spec, mesh)
+    batch_sh = sharding.batch_sharding(mesh, sharding.rules_from_config(config.mesh))
+    rows = distributed.local_batch_rows(batch_sh, GLOBAL_BATCH)
+    losses = []
+    for step in range(first_step, first_step + steps):
+        batch = distributed.global_batch(synthetic_batch(step, rows), batch_sh, GLOBAL_BATCH)
+        state, metrics = step_fn(state, batch)
+        losses.append(float(jax.device_get(metrics["loss"])))
+    return losses, state, spec, mesh
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    return {k: int(v) for k, v in (part.split("=") for part in text.split(",") if part)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--process_id", type=int, default=0)
+    parser.add_argument("--num_processes", type=int, default=1)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--local_devices", type=int, default=4)
+    parser.add_argument("--mesh", default="data=-1")
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+    if args.num_processes > 1:
+        distributed.initialize(True, coordinator_address=f"localhost:{args.port}",
+                               num_processes=args.num_processes, process_id=args.process_id)
+    losses, _, _, mesh = train_steps(tiny_config(parse_mesh(args.mesh)), args.steps)
+    print(json.dumps({"process": jax.process_index(), "processes": jax.process_count(),
+                      "devices": jax.device_count(), "mesh": dict(mesh.shape),
+                      "losses": losses}), flush=True)
+    if args.num_processes > 1:
+        jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()
