@@ -1,0 +1,251 @@
+"""Summarise a grid: our numbers beside the paper's, and how the variants rank.
+
+    python -m experiments.summarize runs/table1
+
+Reads `<root>/runs.json` and each run's `analysis/analysis.json` (written by
+gated_attention.analyze) and `_status/<run>.json`, and writes `<root>/summary.md`,
+`<root>/summary.csv` (one row per run group, seeds averaged) and `<root>/runs.csv` (one row per
+run). Paper numbers come from experiments/paper_tables.json: PPL (and +Param) from the run's
+own table, gate score / M-Act / F-Attn from Table 4 where the variant is one of its rows.
+Rankings order groups by each metric (lower is better for all four) and, with at least three
+groups that have a paper value, give Spearman's rank correlation with the paper's order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import pathlib
+import re
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from scipy import stats as scipy_stats
+
+from experiments import grid_lib
+
+METRICS = (  # (our key, paper key, column title)
+    ("ppl", "avg_ppl", "PPL"),
+    ("f_attn", "first_token_attention", "F-Attn"),
+    ("m_act", "massive_activation", "M-Act"),
+    ("gate", "gate_score", "gate score"),
+)
+TABLE4 = "table4_sink_and_activation"
+
+
+def _load_json(path: pathlib.Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def discover_runs(root: pathlib.Path) -> dict[str, dict[str, Any]]:
+    """Run definitions from runs.json, plus any run directory it does not list."""
+    manifest = _load_json(root / "runs.json") or {"runs": {}}
+    runs = dict(manifest["runs"])
+    for child in sorted(root.iterdir()) if root.is_dir() else []:
+        if child.name not in runs and (child / "config.json").exists():
+            config = json.loads((child / "config.json").read_text())
+            runs[child.name] = {"name": child.name, "arch": config.get("arch"),
+                                "variant": config.get("variant"),
+                                "seed": config.get("seed", 0), "overrides": {}, "table": "",
+                                "paper": {}, "label": config.get("variant")}
+    return runs
+
+
+def paper_row(tables: Mapping[str, Any], table: str, variant: str,
+              keys: Mapping[str, Any]) -> dict[str, Any]:
+    """The paper's numbers for a run: its table's row (matching `keys`), plus Table 4's."""
+    out: dict[str, Any] = {}
+    rows = tables.get(table) if table else None
+    if isinstance(rows, list):
+        for row in rows:
+            if row["name"] == variant and all(row.get(k) == v for k, v in keys.items()):
+                out.update(row)
+                break
+    for row in tables[TABLE4]:
+        if row["name"] == variant:
+            for _, key, _ in METRICS[1:]:
+                out[key] = row[key]
+    return out
+
+
+def run_row(root: pathlib.Path, name: str, run: Mapping[str, Any],
+            tables: Mapping[str, Any]) -> dict[str, Any]:
+    analysis = _load_json(root / name / "analysis" / "analysis.json")
+    status = _load_json(root / "_status" / f"{name}.json") or {}
+    row: dict[str, Any] = {
+        "run": name, "group": re.sub(r"-s\d+$", "", name), "label": run.get("label") or
+        run.get("variant"), "variant": run.get("variant"), "seed": run.get("seed"),
+        "state": status.get("state", "done" if analysis else "not run"),
+        "error": status.get("error"),
+    }
+    if analysis:
+        stability = analysis.get("stability", {})
+        final_eval = stability.get("final_eval") or {}
+        row.update(
+            ppl=analysis.get("perplexity"), eval_ppl=final_eval.get("perplexity"),
+            f_attn=analysis["first_token_attention"], sink_rate=analysis["sink_rate"],
+            m_act=analysis["massive_activation"], gate=analysis["gate_score_mean"],
+            spikes=stability.get("train", {}).get("spikes"),
+            diverged=stability.get("train", {}).get("diverged"),
+            params_added_m=analysis["params"]["params_added_vs_baseline"] / 1e6,
+            step=analysis["step"],
+        )
+    paper = paper_row(tables, run.get("table", ""), run.get("variant", ""),
+                      run.get("paper") or {})
+    for ours, key, _ in METRICS:
+        row[f"paper_{ours}"] = paper.get(key)
+    row["paper_params_added_m"] = paper.get("added_params_millions")
+    return row
+
+
+def _mean_std(values: Sequence[Any]) -> tuple[float | None, float | None]:
+    values = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def group_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Average the seeds of each run group (same arch, variant and overrides)."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(row["group"], []).append(row)
+    out = []
+    for group, members in groups.items():
+        done = [m for m in members if m["state"] == "done"]
+        first = members[0]
+        g: dict[str, Any] = {"group": group, "label": first["label"],
+                             "variant": first["variant"], "seeds": len(done),
+                             "failed": len(members) - len(done)}
+        for key in ("ppl", "eval_ppl", "f_attn", "sink_rate", "m_act", "gate", "spikes",
+                    "params_added_m"):
+            g[key], g[f"{key}_std"] = _mean_std([m.get(key) for m in done])
+        g["diverged"] = sum(bool(m.get("diverged")) for m in done)
+        for key in ("paper_ppl", "paper_f_attn", "paper_m_act", "paper_gate",
+                    "paper_params_added_m"):
+            g[key] = first.get(key)
+        out.append(g)
+    return out
+
+
+def rankings(groups: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per metric: our order, the paper's order, and Spearman's rho on the shared groups."""
+    out = []
+    for ours, _, title in METRICS:
+        have = [g for g in groups if g.get(ours) is not None]
+        order = [g["label"] for g in sorted(have, key=lambda g: g[ours])]
+        both = [g for g in have if g.get(f"paper_{ours}") is not None]
+        paper_order = [g["label"] for g in sorted(both, key=lambda g: g[f"paper_{ours}"])]
+        rho = None
+        if len(both) >= 3:
+            rho = float(scipy_stats.spearmanr([g[ours] for g in both],
+                                              [g[f"paper_{ours}"] for g in both]).statistic)
+            rho = None if math.isnan(rho) else rho
+        out.append({"metric": title, "ours": order, "paper": paper_order, "shared": len(both),
+                    "spearman": rho})
+    return out
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.{digits}g}" if abs(value) >= 1000 else f"{value:.{digits}f}"
+
+
+def _pm(g: Mapping[str, Any], key: str, digits: int = 3) -> str:
+    std = g.get(f"{key}_std")
+    return _fmt(g.get(key), digits) + (f" ± {_fmt(std, 2)}" if std is not None else "")
+
+
+def markdown(root: pathlib.Path, manifest: Mapping[str, Any] | None,
+             groups: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]],
+             ranks: Sequence[Mapping[str, Any]]) -> str:
+    lines = [f"# Grid summary: {root.name}", ""]
+    if manifest:
+        lines += [f"Grid `{manifest.get('grid')}` at scale `{manifest.get('scale')}`"
+                  + (f", settings {manifest.get('settings')}" if manifest.get("settings") else "")
+                  + ".", ""]
+    lines += [
+        "Ours: held-out PPL and the analysis metrics of each run's last checkpoint (mean ± std "
+        "over seeds); F-Attn excludes query 0; M-Act = mean over layers of max |layer output|. "
+        "Paper: the same rows in arXiv 2505.06708 (its scale, not ours).", "",
+        "| run | seeds | PPL | paper PPL | F-Attn | paper F-Attn | sink rate | M-Act "
+        "| paper M-Act | gate | paper gate | spikes | diverged | +params (M) | paper +params (M) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for g in groups:
+        lines.append(
+            f"| {g['label']} (`{g['group']}`) | {g['seeds']}"
+            + (f" ({g['failed']} failed)" if g["failed"] else "")
+            + f" | {_pm(g, 'ppl')} | {_fmt(g['paper_ppl'])} | {_pm(g, 'f_attn')} "
+            f"| {_fmt(g['paper_f_attn'])} | {_pm(g, 'sink_rate', 2)} | {_pm(g, 'm_act')} "
+            f"| {_fmt(g['paper_m_act'])} | {_pm(g, 'gate')} | {_fmt(g['paper_gate'])} "
+            f"| {_fmt(g['spikes'], 2)} | {g['diverged']} | {_fmt(g['params_added_m'])} "
+            f"| {_fmt(g['paper_params_added_m'])} |")
+    lines += ["", "## Rankings (lower first)", ""]
+    for r in ranks:
+        if not r["ours"]:
+            continue
+        lines.append(f"- **{r['metric']}** ours: {' < '.join(r['ours'])}")
+        if r["paper"]:
+            rho = ("" if r["spearman"] is None
+                   else f"; Spearman rho = {r['spearman']:.2f} over {r['shared']} rows")
+            lines.append(f"  paper: {' < '.join(r['paper'])}{rho}")
+    bad = [r for r in rows if r["state"] != "done"]
+    if bad:
+        lines += ["", "## Runs not done", ""]
+        lines += [f"- `{r['run']}`: {r['state']}" + (f" ({r['error']})" if r["error"] else "")
+                  for r in bad]
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(path: pathlib.Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def summarize(root: str | pathlib.Path) -> dict[str, Any]:
+    """Write summary.md, summary.csv and runs.csv under `root`; returns what they hold."""
+    root = pathlib.Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"grid root {root} does not exist")
+    runs = discover_runs(root)
+    if not runs:
+        raise FileNotFoundError(f"{root} holds no runs.json and no run directories")
+    tables = json.loads(grid_lib.PAPER_TABLES_FILE.read_text())
+    rows = [run_row(root, name, run, tables) for name, run in runs.items()]
+    groups = group_rows(rows)
+    ranks = rankings(groups)
+    manifest = _load_json(root / "runs.json")
+    (root / "summary.md").write_text(markdown(root, manifest, groups, rows, ranks))
+    write_csv(root / "summary.csv", groups)
+    write_csv(root / "runs.csv", rows)
+    return {"groups": groups, "runs": rows, "rankings": ranks}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("root", help="a grid's root directory (as given to run_grid --root)")
+    args = parser.parse_args(argv)
+    try:
+        result = summarize(args.root)
+    except FileNotFoundError as err:
+        print(f"Error: {err}", file=sys.stderr)
+        return 1
+    print((pathlib.Path(args.root) / "summary.md").read_text())
+    return 0 if all(r["state"] == "done" for r in result["runs"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
