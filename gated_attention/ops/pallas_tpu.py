@@ -25,7 +25,6 @@ from gated_attention.ops.block_sizes import block_sizes_for, fit_to_length
 
 NAME = "pallas_tpu"
 MIN_BLOCK = 8  # sublane tile; real TPUs want multiples of 128 (see ops/block_sizes.py)
-LANES = 128
 
 
 def _mask(p: fc.Problem, i, j, bq: int, bkv: int, q_seg, k_seg):
@@ -55,6 +54,15 @@ def _tn(a, b):
     """a^T @ b with float32 accumulation."""
     return jax.lax.dot_general(a, b, (((0,), (0,)), ((), ())),
                                preferred_element_type=jnp.float32)
+
+
+def _div(a, n: int):
+    """Integer division of a non-negative index (lax.div: no sign fix-up, int32 kept)."""
+    return jax.lax.div(a, jnp.asarray(n, a.dtype))
+
+
+def _rem(a, n: int):
+    return jax.lax.rem(a, jnp.asarray(n, a.dtype))
 
 
 def _clamp(j, lo, hi):
@@ -141,7 +149,7 @@ def _dkv_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
     qseg_ref, kseg_ref = (rest.pop(0), rest.pop(0)) if p.has_segments else (None, None)
     dk_ref, dv_ref, dk_acc, dv_acc = rest
     b, j, r = pl.program_id(0), pl.program_id(2), pl.program_id(3)
-    i = r % nq
+    i = _rem(r, nq)
     lo, hi = lo_ref[b * nkv + j], hi_ref[b * nkv + j]
 
     @pl.when(r == 0)
@@ -210,7 +218,7 @@ def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
     lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
 
     def kv_block(b_, h_, i, j, lo_, hi_):
-        return (b_, h_ // g, _clamp(j, lo_[b_ * nq + i], hi_[b_ * nq + i]), 0)
+        return (b_, _div(h_, g), _clamp(j, lo_[b_ * nq + i], hi_[b_ * nq + i]), 0)
 
     row = pl.BlockSpec((None, None, bq, D), lambda b_, h_, i, j, *_: (b_, h_, i, 0))
     col = pl.BlockSpec((None, None, bq, 1), lambda b_, h_, i, j, *_: (b_, h_, i, 0))
@@ -269,7 +277,7 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
     lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
 
     def kv_block(b_, h_, i, j, lo_, hi_):
-        return (b_, h_ // g, _clamp(j, lo_[b_ * nq + i], hi_[b_ * nq + i]), 0)
+        return (b_, _div(h_, g), _clamp(j, lo_[b_ * nq + i], hi_[b_ * nq + i]), 0)
 
     row = pl.BlockSpec((None, None, bq, D), lambda b_, h_, i, j, *_: (b_, h_, i, 0))
     col = pl.BlockSpec((None, None, bq, 1), lambda b_, h_, i, j, *_: (b_, h_, i, 0))
@@ -291,8 +299,8 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
     _, _, qlo, qhi = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
 
     def q_block(b_, n_, j, r, lo_, hi_):
-        i = _clamp(r % nq, lo_[b_ * nkv + j], hi_[b_ * nkv + j])
-        return (b_, n_ * g + r // nq, i, 0)
+        i = _clamp(_rem(r, nq), lo_[b_ * nkv + j], hi_[b_ * nkv + j])
+        return (b_, n_ * g + _div(r, nq), i, 0)
 
     qrow = pl.BlockSpec((None, None, bq, D), q_block)
     qcol = pl.BlockSpec((None, None, bq, 1), q_block)
@@ -354,7 +362,7 @@ def _static(q, k, gate, gate_activation, segment_ids, causal, normalizer, interp
     multiple = max(v for key, v in sizes.items() if key.startswith("block"))
     problem = fc.Problem(
         batch=b, seq=s, padded=fc.round_up(s, multiple), heads=h, kv_heads=k.shape[2],
-        head_dim=d, padded_dim=fc.round_up(d, 64 if interpret else LANES), causal=causal,
+        head_dim=d, padded_dim=d, causal=causal,
         normalizer=normalizer, gate_kind=fc.gate_kind(gate, q),
         gate_activation=gate_activation, has_segments=segment_ids is not None,
     )
