@@ -95,7 +95,8 @@ def jit_step(config, spec: train.TrainStateSpec, mesh) -> Callable:
 
     Cached per mesh, so a test that trains on the same mesh twice compiles once.
     """
-    key = (tuple(mesh.shape.items()), tuple(d.id for d in mesh.devices.flat))
+    key = (config.to_json_best_effort(sort_keys=True), tuple(mesh.shape.items()),
+           tuple(d.id for d in mesh.devices.flat))
     if key in _STEPS:
         return _STEPS[key]
     rules = sharding.rules_from_config(config.mesh)
@@ -113,7 +114,10 @@ def jit_step(config, spec: train.TrainStateSpec, mesh) -> Callable:
 
 
 def train_steps(config, steps: int, *, state=None, first_step: int = 0, devices=None):
-    """Train `steps` steps on config.mesh; returns (losses, final state, spec, mesh)."""
+    """Train `steps` steps on config.mesh; returns (losses, final state, spec, mesh).
+
+    Also records in `train_steps.rows` the global batch rows this process loaded.
+    """
     mesh = sharding.create_mesh(config.mesh, devices)
     spec = train.train_state_spec(config, mesh)
     if state is None:
@@ -121,6 +125,7 @@ def train_steps(config, steps: int, *, state=None, first_step: int = 0, devices=
     step_fn = jit_step(config, spec, mesh)
     batch_sh = sharding.batch_sharding(mesh, sharding.rules_from_config(config.mesh))
     rows = distributed.local_batch_rows(batch_sh, GLOBAL_BATCH)
+    train_steps.rows = (rows.start, rows.stop)
     losses = []
     for step in range(first_step, first_step + steps):
         batch = distributed.global_batch(synthetic_batch(step, rows), batch_sh, GLOBAL_BATCH)
@@ -148,7 +153,7 @@ def main() -> None:
     losses, _, _, mesh = train_steps(tiny_config(parse_mesh(args.mesh)), args.steps)
     print(json.dumps({"process": jax.process_index(), "processes": jax.process_count(),
                       "devices": jax.device_count(), "mesh": dict(mesh.shape),
-                      "losses": losses}), flush=True)
+                      "rows": train_steps.rows, "losses": losses}), flush=True)
     if args.num_processes > 1:
         jax.distributed.shutdown()
 
