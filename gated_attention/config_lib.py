@@ -85,6 +85,54 @@ def attention_section(variant: str) -> ml_collections.ConfigDict:
         raise ConfigError(str(err)) from None
 
 
+DATA_SOURCES = ("cpython_docs", "python_source", "files", "seqio")
+TOKENIZERS = ("sentencepiece", "byte")
+SENTENCEPIECE_MODELS = ("unigram", "bpe")
+
+
+def data_section(arch: str) -> ml_collections.ConfigDict:
+    """What the model reads. See gated_attention/data/__init__.py for each source."""
+    return ml_collections.ConfigDict(dict(
+        source="cpython_docs",      # one of DATA_SOURCES
+        tokenizer="sentencepiece",  # one of TOKENIZERS; "byte" needs model.vocab_size >= 259
+        seq_len=ARCH_RUN_DEFAULTS[arch]["seq_len"],
+        add_bos=False,              # a BOS token at the start of every packed segment
+        add_eos=True,               # an EOS token at the end of every document
+        eval_fraction=0.05,         # share of documents held out (local sources)
+        paths="",                   # source=files: comma-separated paths or globs (.txt/.jsonl)
+        text_key="text",            # source=files: the text field of .jsonl records
+        seqio_task="",              # source=seqio: a registered task ("" = the C4 task)
+        seqio_eval_split="validation",
+        tfds_data_dir="",           # source=seqio: a prepared tfds data_dir
+        shuffle_seed=0,
+        tokenizer_path="",          # a SentencePiece .model to use instead of training one
+        sp_model_type="bpe",        # SentencePiece training (one of SENTENCEPIECE_MODELS);
+                                    # bpe trains in ~2 s on the docs corpus, unigram in ~20 s
+        sp_input_sentence_size=100_000,  # sentences sampled to train SentencePiece
+        cache_dir="",               # "" = $GATED_ATTENTION_CACHE or ~/.cache/gated_attention
+    ))
+
+
+def train_section() -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(dict(
+        steps=1000, batch_size=16, grad_accum=1,  # batch_size is global, in sequences
+        eval_every=200, eval_batches=8, log_every=10,
+        checkpoint_every=500, keep_checkpoints=3, async_checkpoint=True,
+        z_loss=0.0, moe_aux_weight=0.01, moe_z_loss_weight=0.001,
+        # A step's loss is a spike if it exceeds spike_factor x EMA(spike_ema) of the losses
+        # before it, after warm-up (see metrics_writer.SpikeDetector).
+        spike_factor=1.5, spike_ema=0.9,
+    ))
+
+
+def optimizer_section() -> ml_collections.ConfigDict:
+    """AdamW with linear warm-up to peak_lr, then cosine decay to final_lr (the paper's)."""
+    return ml_collections.ConfigDict(dict(
+        peak_lr=3e-3, warmup_steps=100, final_lr=3e-5, b1=0.9, b2=0.95, eps=1e-8,
+        weight_decay=0.1, clip_norm=1.0,
+    ))
+
+
 def base_config(arch: str = "tiny", variant: str = "baseline") -> ml_collections.ConfigDict:
     """Every setting of a run, with defaults that suit `arch`."""
     config = ml_collections.ConfigDict()
@@ -93,21 +141,14 @@ def base_config(arch: str = "tiny", variant: str = "baseline") -> ml_collections
     config.seed = 0
     config.model = model_section(arch)
     config.attention = attention_section(variant)
-    config.data = ml_collections.ConfigDict(dict(
-        source="cpython_docs", tokenizer="sentencepiece",
-        seq_len=ARCH_RUN_DEFAULTS[arch]["seq_len"],
-        add_bos=False, paths="", seqio_task="", text_key="text", shuffle_seed=0,
-    ))
-    config.train = ml_collections.ConfigDict(dict(
-        steps=1000, batch_size=16, grad_accum=1, eval_every=200, eval_batches=8, log_every=10,
-        checkpoint_every=500, keep_checkpoints=3, z_loss=0.0, moe_aux_weight=0.01,
-        moe_z_loss_weight=0.001,
-    ))
-    config.optimizer = ml_collections.ConfigDict(dict(
-        peak_lr=3e-3, warmup_steps=100, final_lr=3e-5, b1=0.9, b2=0.95, eps=1e-8,
-        weight_decay=0.1, clip_norm=1.0,
-    ))
-    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
+    config.data = data_section(arch)
+    config.train = train_section()
+    config.optimizer = optimizer_section()
+    # Devices per slice on each mesh axis, slices per axis on a multi-slice pod (dcn_*), and
+    # logical-rule overrides "name=axis+axis,..." (see gated_attention/sharding.py).
+    config.mesh = ml_collections.ConfigDict(dict(
+        data=-1, fsdp=1, tensor=1, expert=1, dcn_data=1, dcn_fsdp=1, dcn_tensor=1,
+        dcn_expert=1, rules=""))
     return config
 
 
@@ -164,3 +205,70 @@ def parse_config_string(arg: str | None) -> dict[str, str]:
     if unknown:
         raise ConfigError(f"config string key {sorted(unknown)[0]!r} unknown; keys: arch, variant")
     return out
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
+    """Check every data/train/optimizer field (and the model via model_config) before compiling.
+
+    Returns the ModelConfig; raises ConfigError naming the field and its allowed values.
+    """
+    cfg = model_config(config)
+    data, train, opt = config.data, config.train, config.optimizer
+    _choice("data.source", data.source, DATA_SOURCES)
+    _choice("data.tokenizer", data.tokenizer, TOKENIZERS)
+    _choice("data.sp_model_type", data.sp_model_type, SENTENCEPIECE_MODELS)
+    _check(data.seq_len >= 2, f"data.seq_len={data.seq_len} must be >= 2")
+    _check(0.0 < data.eval_fraction < 1.0,
+           f"data.eval_fraction={data.eval_fraction} must be in (0, 1)")
+    _check(data.sp_input_sentence_size > 0,
+           f"data.sp_input_sentence_size={data.sp_input_sentence_size} must be > 0")
+    if data.tokenizer == "byte":
+        from gated_attention.data.tokenizer import BYTE_VOCAB_SIZE
+
+        _check(cfg.vocab_size >= BYTE_VOCAB_SIZE,
+               f"data.tokenizer='byte' needs model.vocab_size >= {BYTE_VOCAB_SIZE} (256 bytes "
+               f"+ pad, bos, eos); got {cfg.vocab_size}")
+    elif data.source != "seqio":
+        _check(cfg.vocab_size >= 64, f"model.vocab_size={cfg.vocab_size} must be >= 64 for a "
+               "SentencePiece tokenizer")
+    if data.source == "files":
+        _check(bool(data.paths.strip()), "data.source='files' needs data.paths (comma-separated "
+               "paths or globs of .txt / .jsonl files)")
+    if data.source == "seqio":
+        _check(bool(data.tokenizer_path), "data.source='seqio' needs data.tokenizer_path (a "
+               "SentencePiece .model file with model.vocab_size pieces)")
+        _check(data.tokenizer == "sentencepiece", "data.source='seqio' reads a SentencePiece "
+               f"vocabulary; data.tokenizer must be 'sentencepiece', not {data.tokenizer!r}")
+
+    _check(train.steps > 0, f"train.steps={train.steps} must be > 0")
+    _check(train.batch_size > 0, f"train.batch_size={train.batch_size} must be > 0")
+    _check(train.grad_accum >= 1, f"train.grad_accum={train.grad_accum} must be >= 1")
+    _check(train.batch_size % train.grad_accum == 0,
+           f"train.batch_size={train.batch_size} must be divisible by "
+           f"train.grad_accum={train.grad_accum} (micro-batches of equal size)")
+    for name in ("eval_every", "eval_batches", "checkpoint_every"):
+        _check(train[name] >= 0, f"train.{name}={train[name]} must be >= 0 (0 disables it)")
+    _check(train.log_every > 0, f"train.log_every={train.log_every} must be > 0")
+    _check(train.keep_checkpoints >= 1,
+           f"train.keep_checkpoints={train.keep_checkpoints} must be >= 1")
+    for name in ("z_loss", "moe_aux_weight", "moe_z_loss_weight"):
+        _check(train[name] >= 0, f"train.{name}={train[name]} must be >= 0")
+    _check(train.spike_factor > 1.0, f"train.spike_factor={train.spike_factor} must be > 1")
+    _check(0.0 <= train.spike_ema < 1.0, f"train.spike_ema={train.spike_ema} must be in [0, 1)")
+
+    _check(opt.peak_lr > 0, f"optimizer.peak_lr={opt.peak_lr} must be > 0")
+    _check(0 <= opt.final_lr <= opt.peak_lr,
+           f"optimizer.final_lr={opt.final_lr} must be in [0, peak_lr={opt.peak_lr}]")
+    _check(0 <= opt.warmup_steps <= train.steps,
+           f"optimizer.warmup_steps={opt.warmup_steps} must be in [0, train.steps={train.steps}]")
+    for name in ("b1", "b2"):
+        _check(0.0 <= opt[name] < 1.0, f"optimizer.{name}={opt[name]} must be in [0, 1)")
+    _check(opt.eps > 0, f"optimizer.eps={opt.eps} must be > 0")
+    _check(opt.weight_decay >= 0, f"optimizer.weight_decay={opt.weight_decay} must be >= 0")
+    _check(opt.clip_norm >= 0, f"optimizer.clip_norm={opt.clip_norm} must be >= 0 (0 = off)")
+    return cfg

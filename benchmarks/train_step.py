@@ -1,0 +1,113 @@
+"""Training-step speed of the baseline and the G1 elementwise gate, side by side, in one run.
+
+    python benchmarks/train_step.py                       # CPU: tiny, seq 256, float32
+    python benchmarks/train_step.py --arch=dense_1p7b_28l --seq_len=4096 --batch=4 \
+        --dtype=bfloat16 --remat=dots_with_no_batch_dims_saveable   # one H200
+
+Prints one table: median step time, tokens/s and MFU for each variant, and the gate's
+overhead as the ratio of step times. MFU = model FLOPs (inspect.train_flops_per_token: 6 x
+matmul parameters + causal attention) x tokens/s / the device's peak (bf16 dense peak for
+GPUs/TPUs from PEAK_FLOPS, or --peak_tflops; "n/a" on CPU unless given). Batches are random
+tokens: speed does not depend on the data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gated_attention import config_lib, inspect, sharding, train
+
+# Dense bf16 peak per chip, TFLOP/s (vendor figures, without sparsity).
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "TPU v4": 275.0,
+               "TPU v5 lite": 197.0, "TPU v5e": 197.0, "TPU v5p": 459.0, "TPU v6": 918.0}
+
+
+def device_peak_tflops(override: float | None) -> float | None:
+    if override:
+        return override
+    kind = jax.devices()[0].device_kind
+    for name, peak in PEAK_TFLOPS.items():
+        if name.lower() in kind.lower():
+            return peak * jax.device_count()
+    return None
+
+
+def benchmark(arch: str, variant: str, args: argparse.Namespace) -> dict[str, float]:
+    config = config_lib.base_config(arch, variant)
+    config.data.seq_len = args.seq_len
+    config.train.batch_size = args.batch
+    config.train.steps = 1000
+    config.model.dtype = args.dtype
+    config.model.remat = args.remat
+    config.model.attention_impl = args.attention_impl
+    cfg = config_lib.model_config(config)
+    mesh = sharding.create_mesh(config.mesh)
+    graphdef, state, shardings = train.create_train_state(config, mesh)
+    step = train.jit_train_step(train.make_train_step(graphdef, config), mesh, shardings)
+    rng = np.random.default_rng(0)
+    shape = (args.batch, args.seq_len)
+    batch = {"inputs": rng.integers(3, cfg.vocab_size, shape, dtype=np.int32),
+             "targets": rng.integers(3, cfg.vocab_size, shape, dtype=np.int32),
+             "segment_ids": np.ones(shape, np.int32),
+             "positions": np.broadcast_to(np.arange(args.seq_len, dtype=np.int32), shape),
+             "mask": np.ones(shape, np.int32)}
+    batch = train.to_global(batch, sharding.batch_sharding(mesh))
+    for _ in range(args.warmup):
+        state, metrics = step(state, batch)
+    jax.block_until_ready(metrics)
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        state, metrics = step(state, batch)
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - start)
+    step_time = statistics.median(times)
+    tokens_per_sec = args.batch * args.seq_len / step_time
+    flops_per_token = inspect.train_flops_per_token(cfg, args.seq_len)
+    return {"step_s": step_time, "tokens_per_sec": tokens_per_sec,
+            "tflops": flops_per_token * tokens_per_sec / 1e12,
+            "params": inspect.count_params(cfg)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--arch", default="tiny")
+    parser.add_argument("--seq_len", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--remat", default="none")
+    parser.add_argument("--attention_impl", default="auto")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps (median reported)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--peak_tflops", type=float, default=None,
+                        help="device peak for MFU (default: from the device kind)")
+    parser.add_argument("--variants", default="baseline,g1_sdpa_elementwise")
+    args = parser.parse_args()
+
+    peak = device_peak_tflops(args.peak_tflops)
+    device = f"{jax.device_count()} x {jax.devices()[0].device_kind}"
+    print(f"device: {device}; arch={args.arch} seq_len={args.seq_len} batch={args.batch} "
+          f"dtype={args.dtype} remat={args.remat}; median of {args.steps} steps")
+    rows = {v: benchmark(args.arch, v, args) for v in args.variants.split(",")}
+    header = "| variant | params | step (ms) | tokens/s | model TFLOP/s | MFU |"
+    print(header)
+    print("|---|---|---|---|---|---|")
+    for variant, r in rows.items():
+        mfu = f"{100 * r['tflops'] / peak:.1f}%" if peak else "n/a"
+        print(f"| {variant} | {r['params']:,} | {1e3 * r['step_s']:.1f} | "
+              f"{r['tokens_per_sec']:,.0f} | {r['tflops']:.3g} | {mfu} |")
+    names = list(rows)
+    if len(names) >= 2:
+        ratio = rows[names[1]]["step_s"] / rows[names[0]]["step_s"]
+        print(f"gate overhead ({names[1]} / {names[0]} step time): {ratio:.3f}")
+
+
+if __name__ == "__main__":
+    jnp.zeros(())  # initialise the backend before timing
+    main()

@@ -1,0 +1,195 @@
+"""The input pipeline for the local sources: documents -> tokens -> shuffled chunks -> batches.
+
+Tokenised splits are cached on disk (keyed by the corpus and tokenizer), so a second run
+starts at once. Chunks are shuffled globally with a seed and re-shuffled every epoch
+(grain's MapDataset.shuffle + repeat); each host takes every process_count-th chunk, then
+packs and batches its share. The grain iterator's state (a few integers) is saved with each
+checkpoint, so a resumed run sees the very batches an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import grain
+import numpy as np
+
+from gated_attention.data import corpus as corpus_lib
+from gated_attention.data import packing
+from gated_attention.data.tokenizer import Tokenizer, get_tokenizer
+
+# Chunks are cheap slices of an array in memory: grain's thread pool only adds overhead here
+# (4x slower per batch), so read them in the calling thread.
+READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedSplit:
+    """Documents of one split as a flat token array and document offsets into it."""
+
+    tokens: np.ndarray   # [total] int32
+    offsets: np.ndarray  # [documents + 1] int64
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.offsets) - 1
+
+    def document(self, i: int) -> np.ndarray:
+        return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+
+
+class ChunkSource:
+    """Random access to the chunks of a split (grain data source: __len__, __getitem__)."""
+
+    def __init__(self, split: TokenizedSplit, seq_len: int, add_bos: bool, bos_id: int):
+        bounds = [(int(base) + s, int(base) + e)
+                  for i, base in enumerate(split.offsets[:-1])
+                  for s, e in packing.chunk_bounds(int(split.offsets[i + 1] - base), seq_len,
+                                                   add_bos)]
+        self.bounds = np.asarray(bounds, np.int64).reshape(-1, 2)
+        self.tokens, self.add_bos, self.bos_id = split.tokens, add_bos, bos_id
+
+    def __len__(self) -> int:
+        return len(self.bounds)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        start, end = self.bounds[index]
+        piece = self.tokens[start:end]
+        if self.add_bos:
+            return np.concatenate([np.asarray([self.bos_id], np.int32), piece])
+        return np.array(piece, np.int32)
+
+
+@dataclasses.dataclass
+class LocalData:
+    tokenizer: Tokenizer
+    train: TokenizedSplit
+    held_out: TokenizedSplit
+    summary: dict[str, Any]
+
+
+def tokenize(documents: Sequence[corpus_lib.Document], tokenizer: Tokenizer, add_eos: bool
+             ) -> TokenizedSplit:
+    ids = tokenizer.encode([d.text for d in documents])
+    if add_eos:
+        ids = [np.append(x, np.int32(tokenizer.eos_id)) for x in ids]
+    lengths = np.asarray([len(x) for x in ids], np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    tokens = np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, np.int32)
+    return TokenizedSplit(tokens, offsets)
+
+
+def _tokenizer_id(tokenizer: Tokenizer) -> str:
+    model_file = getattr(tokenizer, "model_file", None)
+    if model_file is None:
+        return f"byte{tokenizer.vocab_size}"
+    return hashlib.sha256(pathlib.Path(model_file).read_bytes()).hexdigest()[:16]
+
+
+def _cached_tokenize(documents: Sequence[corpus_lib.Document], tokenizer: Tokenizer,
+                     add_eos: bool, cache_dir: str) -> TokenizedSplit:
+    key = hashlib.sha256(f"{corpus_lib.fingerprint(documents)}|{_tokenizer_id(tokenizer)}|"
+                         f"{add_eos}".encode()).hexdigest()[:20]
+    path = corpus_lib.cache_root(cache_dir) / "tokens" / f"{key}.npz"
+    if path.exists():
+        with np.load(path) as data:
+            return TokenizedSplit(data["tokens"], data["offsets"])
+    split = tokenize(documents, tokenizer, add_eos)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.npz")
+    np.savez(tmp, tokens=split.tokens, offsets=split.offsets)
+    tmp.replace(path)
+    return split
+
+
+def load_local_data(data_config: Any, vocab_size: int,
+                    workdir: str | os.PathLike[str] | None = None) -> LocalData:
+    """Collect, split, tokenise (training the tokenizer on the train split if needed)."""
+    documents = corpus_lib.load_documents(data_config.source, paths=data_config.paths,
+                                          text_key=data_config.text_key,
+                                          cache_dir=data_config.cache_dir)
+    train_docs, held_out_docs = corpus_lib.split_documents(documents, data_config.eval_fraction)
+    tokenizer = get_tokenizer(
+        data_config.tokenizer, vocab_size, train_docs, workdir=workdir,
+        cache_dir=data_config.cache_dir, model_type=data_config.sp_model_type,
+        input_sentence_size=data_config.sp_input_sentence_size,
+        model_path=data_config.get("tokenizer_path", ""))
+    train = _cached_tokenize(train_docs, tokenizer, data_config.add_eos, data_config.cache_dir)
+    held_out = _cached_tokenize(held_out_docs, tokenizer, data_config.add_eos,
+                                data_config.cache_dir)
+    summary = {
+        "source": data_config.source,
+        "corpus": corpus_lib.summary(documents),
+        "train": {**corpus_lib.summary(train_docs), "tokens": int(train.tokens.size)},
+        "held_out": {**corpus_lib.summary(held_out_docs), "tokens": int(held_out.tokens.size)},
+        "tokenizer": {"kind": data_config.tokenizer, "vocab_size": tokenizer.vocab_size,
+                      "id": _tokenizer_id(tokenizer)},
+    }
+    if workdir is not None:
+        root = pathlib.Path(workdir)
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "data_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (root / "data_documents.txt").write_text(
+            "".join(f"{'held_out' if d in held_out_set else 'train'}\t{d}\n"
+                    for held_out_set in [{x.name for x in held_out_docs}]
+                    for d in (x.name for x in documents)))
+    return LocalData(tokenizer, train, held_out, summary)
+
+
+def per_host_batch(batch_size: int, process_count: int) -> int:
+    if batch_size % process_count:
+        raise ValueError(f"train.batch_size={batch_size} must be divisible by the number of "
+                         f"hosts ({process_count})")
+    return batch_size // process_count
+
+
+def train_dataset(data: LocalData, data_config: Any, batch_size: int, *, seed: int,
+                  process_index: int = 0, process_count: int = 1) -> grain.IterDataset:
+    """Endless, shuffled, host-sharded batches of the training split (this host's share)."""
+    source = ChunkSource(data.train, data_config.seq_len, data_config.add_bos,
+                         data.tokenizer.bos_id)
+    chunks = grain.MapDataset.source(source).shuffle(seed=seed).repeat()
+    chunks = chunks[process_index::process_count]
+    return packing.pack_and_batch(chunks.to_iter_dataset(READ_OPTIONS), data_config.seq_len,
+                                  per_host_batch(batch_size, process_count), seed=seed,
+                                  shuffle_bins=True)
+
+
+def eval_batches(data: LocalData, data_config: Any, batch_size: int, num_batches: int, *,
+                 process_index: int = 0, process_count: int = 1) -> list[packing.Batch]:
+    """The first num_batches batches of the held-out split, in document order (fixed)."""
+    source = ChunkSource(data.held_out, data_config.seq_len, data_config.add_bos,
+                         data.tokenizer.bos_id)
+    chunks = grain.MapDataset.source(source)[process_index::process_count]
+    batches = packing.pack_and_batch(chunks.to_iter_dataset(READ_OPTIONS), data_config.seq_len,
+                                     per_host_batch(batch_size, process_count), seed=0,
+                                     shuffle_bins=False)
+    out = []
+    for batch in batches:
+        if len(out) == num_batches:
+            break
+        out.append(batch)
+    if not out:
+        raise ValueError(f"the held-out split has too few tokens ({data.held_out.tokens.size}) "
+                         f"for one batch of {batch_size} x {data_config.seq_len}; raise "
+                         "data.eval_fraction or lower train.batch_size")
+    return out
+
+
+def analysis_batches(data: LocalData, data_config: Any, batch_size: int, num_batches: int
+                     ) -> list[packing.Batch]:
+    """Held-out rows that are each one whole chunk at positions 0..S-1 (for F-Attn, M-Act)."""
+    source = ChunkSource(data.held_out, data_config.seq_len, data_config.add_bos,
+                         data.tokenizer.bos_id)
+    full = [i for i in range(len(source))
+            if source.bounds[i, 1] - source.bounds[i, 0] + data_config.add_bos
+            == data_config.seq_len + 1]
+    rows = [source[i] for i in full[:batch_size * num_batches]]
+    return [packing.single_segment_batch(np.stack(rows[i:i + batch_size]))
+            for i in range(0, len(rows) - batch_size + 1, batch_size)]

@@ -1,0 +1,54 @@
+"""Command line: train (or resume) one run.
+
+    python -m gated_attention.main \
+        --config=configs/ablation.py:arch=tiny,variant=g1_sdpa_elementwise \
+        --workdir=runs/x --config.train.steps=200 --config.optimizer.peak_lr=4e-3
+
+Any config field can be overridden with --config.<section>.<field>=value. The resolved
+config is saved as <workdir>/config.json; starting again in the same workdir resumes from the
+latest checkpoint; a workdir holding a different run is refused unless --overwrite is given
+(the old contents are then moved to <workdir>.backup-<timestamp>).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
+                                "configs/ablation.py:arch=tiny,variant=baseline",
+                                lock_config=True)
+flags.DEFINE_string("workdir", None, "Directory for config, checkpoints and metrics.")
+flags.DEFINE_bool("overwrite", False, "Move an existing different run aside and start anew.")
+flags.DEFINE_bool("progress", True, "Show a progress bar.")
+flags.mark_flags_as_required(["config", "workdir"])
+FLAGS = flags.FLAGS
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    from gated_attention import config_lib, distributed, train, workdir
+
+    logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
+    config = FLAGS.config
+    try:
+        config_lib.validate_run_config(config)
+    except config_lib.ConfigError as err:
+        sys.exit(f"Config error: {err}")
+    distributed.initialize()
+    try:
+        summary = train.run(config, FLAGS.workdir, overwrite=FLAGS.overwrite,
+                            progress=FLAGS.progress)
+    except (workdir.WorkdirError, config_lib.ConfigError) as err:
+        sys.exit(f"Error: {err}")
+    evaluation = summary.get("eval") or {}
+    if evaluation:
+        print(f"Done: step {summary['steps']}, held-out loss {evaluation['loss']:.4f}, "
+              f"perplexity {evaluation['perplexity']:.2f}. Run in {FLAGS.workdir}")
+
+
+if __name__ == "__main__":
+    app.run(main)

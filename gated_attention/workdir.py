@@ -1,0 +1,81 @@
+"""A run's working directory: its resolved config, and protection of what it already holds.
+
+- an empty or missing workdir starts a new run and records `config.json`;
+- a workdir holding a run of the same config resumes it (from its latest checkpoint);
+- a workdir holding anything else stops with an error listing the differences, unless
+  `overwrite` is given, which moves the old contents to `<workdir>.backup-<timestamp>`
+  (nothing is deleted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import time
+from typing import Any
+
+CONFIG_FILE = "config.json"
+
+
+class WorkdirError(RuntimeError):
+    """The workdir holds something this run must not overwrite."""
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    """The config as plain JSON (round-tripped, so tuples become lists as they will on disk)."""
+    return json.loads(config.to_json_best_effort(sort_keys=True))
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    a, b = _flatten(old), _flatten(new)
+    return [f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
+            for k in sorted(set(a) | set(b)) if a.get(k, "<absent>") != b.get(k, "<absent>")]
+
+
+def backup(workdir: pathlib.Path) -> pathlib.Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = workdir.with_name(f"{workdir.name}.backup-{stamp}")
+    n = 1
+    while target.exists():
+        target = workdir.with_name(f"{workdir.name}.backup-{stamp}-{n}")
+        n += 1
+    os.replace(workdir, target)
+    return target
+
+
+def prepare(workdir: str | os.PathLike[str], config: Any, *, overwrite: bool = False,
+            is_primary: bool = True) -> str:
+    """Create or check `workdir`; returns "new" or "resume" (and "new" after a backup)."""
+    root = pathlib.Path(workdir)
+    wanted = config_dict(config)
+    saved_file = root / CONFIG_FILE
+    if root.exists() and any(root.iterdir()):
+        if saved_file.exists():
+            differences = config_differences(json.loads(saved_file.read_text()), wanted)
+            if not differences:
+                return "resume"
+            problem = (f"{root} holds a run of a different config:\n  "
+                       + "\n  ".join(differences[:20])
+                       + ("\n  ..." if len(differences) > 20 else ""))
+        else:
+            problem = f"{root} is not empty and holds no {CONFIG_FILE}: it is not a run of ours"
+        if not overwrite:
+            raise WorkdirError(f"{problem}\nUse another --workdir, or pass --overwrite to move "
+                               f"the old contents to {root.name}.backup-<timestamp>.")
+        if is_primary:
+            moved = backup(root)
+            print(f"--overwrite: moved the old contents of {root} to {moved}")
+    if is_primary:
+        root.mkdir(parents=True, exist_ok=True)
+        saved_file.write_text(json.dumps(wanted, indent=2, sort_keys=True) + "\n")
+    return "new"
