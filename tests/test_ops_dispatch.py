@@ -1,0 +1,91 @@
+"""ops.resolve_impl ("auto" never drops a feature) and the model running on a Pallas kernel."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from gated_attention import config_lib, ops
+from gated_attention.model import Transformer
+from gated_attention.ops import block_sizes
+
+# What each implementation can do (from its module docstring): cuDNN is the narrow one.
+CUDNN_CAN = dict(normalizers={"softmax"}, segments=False, dtypes={"bfloat16", "float16"},
+                 cross_lengths=True)
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu", "tpu"])
+def test_auto_never_drops_a_feature(platform):
+    for normalizer, segments, dtype, same in itertools.product(
+            ops.NORMALIZERS, (False, True), ("float32", "bfloat16"), (True, False)):
+        seg = jnp.zeros((1, 4), jnp.int32) if segments else None
+        impl = ops.resolve_impl("auto", segment_ids=seg, normalizer=normalizer,
+                                platform=platform, dtype=jnp.dtype(dtype), same_length=same)
+        assert impl in ops.IMPLS and impl != "auto"
+        if impl == "cudnn":
+            assert normalizer in CUDNN_CAN["normalizers"] and not segments
+            assert dtype in CUDNN_CAN["dtypes"] and same
+        if impl.startswith("pallas"):
+            assert same, "Pallas kernels are self-attention only"
+            assert impl == f"pallas_{platform}"
+
+
+def test_auto_picks_the_fast_path_per_platform():
+    bf16, f32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)
+    seg = jnp.zeros((1, 4), jnp.int32)
+    pick = lambda **kw: ops.resolve_impl("auto", **kw)  # noqa: E731
+    assert pick(segment_ids=None, normalizer="softmax", platform="gpu", dtype=bf16) == "cudnn"
+    assert pick(segment_ids=seg, normalizer="softmax", platform="gpu", dtype=bf16) == "pallas_gpu"
+    assert pick(segment_ids=None, normalizer="softpick", platform="gpu", dtype=bf16) == \
+        "pallas_gpu"
+    assert pick(segment_ids=None, normalizer="softmax", platform="gpu", dtype=f32) == \
+        "pallas_gpu"
+    assert pick(segment_ids=seg, normalizer="learned_sink", platform="tpu", dtype=bf16) == \
+        "pallas_tpu"
+    assert pick(segment_ids=None, normalizer="softmax", platform="cpu", dtype=f32) == "xla"
+    assert pick(segment_ids=None, normalizer="softmax", platform="tpu", dtype=f32,
+                same_length=False) == "xla"
+    assert ops.resolve_impl("pallas_tpu", segment_ids=None, normalizer="softmax") == "pallas_tpu"
+
+
+def test_block_size_table_and_overrides():
+    sizes = block_sizes.block_sizes_for(128, kind="h200")
+    assert (sizes["block_q"], sizes["block_kv"]) == (128, 64)
+    assert block_sizes.block_sizes_for(128, kind="tpu")["block_q"] % 128 == 0
+    # The model config's two keys set the backward tiles too unless those are given.
+    over = block_sizes.block_sizes_for(64, {"block_q": 32, "block_kv": 16}, kind="h200")
+    assert (over["block_q_dq"], over["block_kv_dkv"]) == (32, 16)
+    with pytest.raises(ValueError, match="unknown device kind 'v100x'"):
+        block_sizes.block_sizes_for(64, kind="v100x")
+    with pytest.raises(ValueError, match="must be a power of two"):
+        block_sizes.block_sizes_for(64, {"block_kv": 48}, kind="cpu")
+
+
+def _tiny_model(impl: str) -> Transformer:
+    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config.attention.normalizer = "learned_sink"
+    config.model.num_layers = 1
+    config.model.attention_impl = impl
+    config.model.block_sizes.block_q = 16
+    config.model.block_sizes.block_kv = 16
+    return Transformer(config_lib.model_config(config), rngs=nnx.Rngs(0))
+
+
+def test_model_on_pallas_gpu_matches_xla():
+    """A gated, learned-sink model with packed sequences: same logits on both attention paths."""
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, 1024, (2, 40)), jnp.int32)
+    segments = jnp.asarray(np.repeat([[0, 1, 2, 3]], 10, axis=1).reshape(1, 40).repeat(2, 0),
+                           jnp.int32)
+    positions = jnp.tile(jnp.arange(10), 4)[None].repeat(2, 0)
+    logits = {}
+    for impl in ("xla", "pallas_gpu"):
+        model = _tiny_model(impl)
+        # Non-zero sinks so the sink term matters.
+        model.layers[0].attention.sink_logits[...] = jnp.linspace(-1.0, 1.0, 4, dtype=jnp.float32)
+        logits[impl] = jax.jit(lambda t, p, s, m=model: m(t, positions=p, segment_ids=s)[0])(
+            tokens, positions, segments)
+    scale = float(jnp.max(jnp.abs(logits["xla"])))
+    assert float(jnp.max(jnp.abs(logits["pallas_gpu"] - logits["xla"]))) < 1e-4 * scale
