@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat setup.cfg pyproject.toml | cksum | cut -
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install $(PIP_QUIET) --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-	$(PY) -m pip install $(PIP_QUIET) -e '.[test]' 2>&1 | grep -vE "^WARNING: Location|^ *$$" || true
+	$(PY) -m pip install $(PIP_QUIET) -e '.[test,seqio]' 2>&1 | grep -vE "^WARNING: Location|^ *$$" || true
 	$(PY) -c "import gated_attention, jax, flax, optax, grain, pytest" 
 	rm -f $(VENV)/.installed-* && touch $@
 
