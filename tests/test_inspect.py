@@ -1,0 +1,60 @@
+"""Parameter and FLOP accounting against closed-form counts from the architecture shapes."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from gated_attention.config_lib import base_config, model_config
+from gated_attention.inspect import count_params, report, train_flops_per_token
+
+ROOT = Path(__file__).parents[1]
+
+
+def dense_1p7b_closed_form() -> tuple[int, int]:
+    """(total params, params in norms) of the 28-layer dense 1.7B baseline, by hand."""
+    V, D, L, H, KV, d, F = 151_936, 2048, 28, 16, 8, 128, 6144
+    per_layer_matmul = D * H * d * 2 + D * KV * d * 2 + 3 * D * F
+    per_layer_norms = 2 * d + 2 * D
+    norms = L * per_layer_norms + D
+    return V * D + L * per_layer_matmul + norms, norms
+
+
+def test_dense_1p7b_parameter_count():
+    total, _ = dense_1p7b_closed_form()
+    assert total == 1_720_574_976
+    assert count_params(model_config(base_config("dense_1p7b_28l", "baseline"))) == total
+
+
+def test_train_flops_per_token_is_6n_plus_causal_attention():
+    total, norms = dense_1p7b_closed_form()
+    attention = 6 * 28 * 16 * 128 * 4096  # 3 x (QK^T + PV) x 1/2 causal, per token
+    cfg = model_config(base_config("dense_1p7b_28l", "baseline"))
+    assert train_flops_per_token(cfg, 4096) == 6 * (total - norms) + attention
+
+
+def test_report_counts_gate_parameters_as_added():
+    info = report(model_config(base_config("dense_1p7b_28l", "g1_sdpa_elementwise")), 4096)
+    assert info["params_added_vs_baseline"] == 2048 * 16 * 128 * 28  # 117.4M, as the anchors
+    assert info["modules"]["layers.*.attention.gate.kernel"] == 2048 * 16 * 128 * 28
+
+
+def test_cli_prints_json():
+    out = subprocess.run(
+        [sys.executable, "-m", "gated_attention.inspect",
+         "--config=configs/ablation.py:arch=tiny,variant=g1_sdpa_headwise", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
+    ).stdout
+    info = json.loads(out[out.index("{"):])
+    assert info["variant"] == "g1_sdpa_headwise"
+    assert info["params_added_vs_baseline"] == 128 * 4 * 4
+
+
+def test_cli_rejects_unknown_variant_with_allowed_names():
+    result = subprocess.run(
+        [sys.executable, "-m", "gated_attention.inspect",
+         "--config=configs/ablation.py:arch=tiny,variant=g7"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode != 0
+    assert "variant='g7' is unknown; choose one of baseline" in result.stderr
