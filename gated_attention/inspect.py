@@ -4,9 +4,10 @@
         --config=configs/ablation.py:arch=dense_1p7b_28l,variant=g1_sdpa_elementwise [--json]
 
 Prints total parameters, parameters added versus the same arch's baseline, per-module counts
-(layers folded together) and training FLOPs per token (6 x matmul parameters active per token
-+ causal attention). The model is built with `nnx.eval_shape`, so 15B-parameter configs work
-on a laptop.
+(layers folded together), training FLOPs per token (6 x matmul parameters active per token
++ causal attention) and per-device memory on a mesh (`--mesh=data=1,fsdp=8,tensor=1`, or
+config.mesh with `--num_devices=8`; formula in gated_attention/memory.py). The model is
+built with `nnx.eval_shape`, so 15B-parameter configs work on a laptop.
 """
 
 from __future__ import annotations
@@ -104,6 +105,10 @@ def format_table(info: dict[str, Any]) -> str:
         (f"train FLOPs / token (S={info['seq_len']})", f"{info['train_flops_per_token']:.4g}"),
     ]
     rows += [(f"  {name}", f"{count:,}") for name, count in sorted(info["modules"].items())]
+    if "memory" in info:
+        from gated_attention.memory import format_rows
+
+        rows += format_rows(info["memory"])
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"{k:<{width}}  {v:>18}" for k, v in rows)
 
@@ -123,7 +128,13 @@ def main(argv: list[str]) -> None:
 
 def _extra_reports(config: Any) -> dict[str, Any]:
     """Hook for sections other modules add (e.g. per-device memory on a mesh)."""
-    return {}
+    from absl import flags
+
+    from gated_attention import memory
+
+    mesh = flags.FLAGS["mesh"].value if "mesh" in flags.FLAGS else ""
+    devices = flags.FLAGS["num_devices"].value if "num_devices" in flags.FLAGS else None
+    return {"memory": memory.report(config, mesh or "", devices)}
 
 
 if __name__ == "__main__":
@@ -132,6 +143,10 @@ if __name__ == "__main__":
 
     config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
     flags.DEFINE_bool("json", False, "Print JSON instead of a table.")
+    flags.DEFINE_string("mesh", "", "Mesh to plan memory for, e.g. data=1,fsdp=8,tensor=1 "
+                        "(default: config.mesh).")
+    flags.DEFINE_integer("num_devices", None, "Devices to plan for (default: the --mesh "
+                         "product, else the devices of this machine).")
     flags.mark_flags_as_required(["config"])
     jax.config.update("jax_platforms", "cpu")
     app.run(main)

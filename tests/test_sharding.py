@@ -211,3 +211,30 @@ def test_checkpoint_saved_on_one_mesh_restores_on_others(tmp_path):
         got, _, _, _ = worker.train_steps(other, 2, state=restored, first_step=2)
         np.testing.assert_allclose(got, expected, rtol=1e-5)
     ckpt.close()
+
+
+# ----------------------------------------------------------------------------- memory plan
+
+def test_memory_plan_matches_hand_count():
+    from gated_attention import config_lib, memory
+
+    cfg = config_lib.model_config(worker.tiny_config())
+    one_way = {"data": 8, "fsdp": 1, "tensor": 1, "expert": 1}
+    fsdp8 = {"data": 1, "fsdp": 8, "tensor": 1, "expert": 1}
+    # embed 256x64, q/o/gate 3 x 64x8x8, k/v 2 x 64x4x8, FFN 3 x 64x128, norms 3 x 64 + 2 x 8
+    total = 256 * 64 + 3 * 4096 + 2 * 2048 + 3 * 8192 + 3 * 64 + 2 * 8
+    assert memory.parameter_bytes(cfg, one_way) == 4 * total
+    # fsdp splits every embed dimension; only the two head_dim norms stay whole.
+    assert memory.parameter_bytes(cfg, fsdp8) == 4 * ((total - 16) // 8 + 16)
+    info = memory.per_device(cfg.replace(remat="full"), {"data": 2, "fsdp": 4, "tensor": 1,
+                                                         "expert": 1},
+                             batch_size=8, grad_accum=1, seq_len=16)
+    assert info["tokens_per_device"] == 16  # 8 sequences over 2 x 4 batch shards, x 16
+    # per token: kept block input 4*64; one recomputed layer 4*(5*64 + 6*64 + 6*32 + 2*64
+    # + 3*128) + 4*8 (LSE) + 4*8*16 (xla probabilities); logits and their gradient 8*256.
+    per_token = 4 * 64 + (4 * 1408 + 32 + 512) + 8 * 256
+    assert info["activations"] == 16 * per_token
+    assert info["optimizer_state"] == 2 * info["params"]
+    assert info["total"] == 4 * info["params"] + info["activations"]
+    with pytest.raises(ValueError, match="--mesh part 'model=2' must look like axis=size"):
+        memory.parse_mesh_flag("data=1,model=2")

@@ -1,0 +1,147 @@
+"""Per-device memory of a training run on a mesh, before launching it.
+
+Parameters, gradients and AdamW moments are exact: float32 weights split by the logical
+rules (`sharding.fit_spec` on each parameter's shape). Activations are an estimate, in bytes
+per token and layer, with p = bytes of the compute dtype, D = d_model, Hd = query heads x
+head_dim, Kd = kv heads x head_dim, G = gate width (0 ungated), F = mlp_dim (or
+experts_per_token x expert_mlp_dim), each divided by the tensor-parallel size when it splits:
+
+    everything (remat="none"):   p (5 D + 6 Hd + 6 Kd + 2 G + 3 F) + 4 H      (4 H: f32 LSE)
+    dots_with_no_batch_dims:     p (3 D + Hd + 2 Kd + G + 2 F)    (projection outputs kept)
+    full / nothing_saveable:     p D                               (block input only)
+
+times L layers, plus one layer's "everything" while it is recomputed (remat only), plus the
+float32 logits and their gradient, 8 V bytes per token. attention_impl="xla" also keeps the
+float32 S x S probabilities (4 H S per token and layer); flash kernels ("auto" on TPU/GPU) do
+not. Tokens per device = (batch_size / grad_accum / batch shards) x seq_len.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from jax.sharding import PartitionSpec
+
+from gated_attention import sharding
+from gated_attention.model_config import ModelConfig
+
+GiB = 1024**3
+# Memory per chip (HBM) of the accelerators people train these models on.
+ACCELERATORS = {"TPU v5e": 16 * GiB, "TPU v4": 32 * GiB, "TPU v6e": 32 * GiB,
+                "H100": 80 * 10**9, "TPU v5p": 95 * GiB, "H200": 141 * 10**9}
+PARAM_BYTES = 4  # weights, gradients and moments are float32
+
+
+def parse_mesh_flag(text: str) -> dict[str, int]:
+    """`data=1,fsdp=8,tensor=1` -> {"data": 1, "fsdp": 8, "tensor": 1}."""
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or key.strip() not in sharding.MESH_AXES + sharding.DCN_KEYS:
+            raise ValueError(f"--mesh part {part!r} must look like axis=size with axis one of "
+                             f"{', '.join(sharding.MESH_AXES + sharding.DCN_KEYS)}")
+        try:
+            out[key.strip()] = int(value)
+        except ValueError:
+            raise ValueError(f"--mesh {key.strip()}={value!r} must be an integer") from None
+    return out
+
+
+def _split(dim: int, axes: Any, axis_sizes: Mapping[str, int]) -> int:
+    """How many ways a dimension of size `dim` is split by a logical rule's axes."""
+    spec = sharding.fit_spec(PartitionSpec(axes), (dim,), axis_sizes)
+    return sharding.shard_factor(spec, axis_sizes)
+
+
+def parameter_bytes(cfg: ModelConfig, axis_sizes: Mapping[str, int],
+                    rules: sharding.Rules = sharding.LOGICAL_RULES) -> int:
+    """float32 parameter bytes held by one device (the largest shard of each weight)."""
+    from gated_attention.inspect import _param_leaves
+
+    total = 0
+    for _, shape, names in _param_leaves(cfg):
+        spec = sharding.fit_spec(sharding.logical_to_spec(names, rules), shape, axis_sizes)
+        total += math.prod(shape) // sharding.shard_factor(spec, axis_sizes) * PARAM_BYTES
+    return total
+
+
+def _gate_width(cfg: ModelConfig) -> int:
+    from gated_attention.inspect import _param_leaves
+
+    for name, shape, _ in _param_leaves(cfg):
+        if name.startswith("layers.0.attention.gate.") and name.endswith("kernel"):
+            return math.prod(shape[1:])
+    return 0
+
+
+def activation_bytes_per_token(cfg: ModelConfig, axis_sizes: Mapping[str, int], seq_len: int,
+                               rules: sharding.Rules = sharding.LOGICAL_RULES) -> float:
+    """Estimated activation bytes per token on one device (see the module docstring)."""
+    table = dict(rules)
+    p = {"float32": 4, "bfloat16": 2, "float16": 2}[cfg.dtype]
+    heads, kv_heads = cfg.heads
+    t_h = _split(heads, table.get("heads"), axis_sizes)
+    t_kv = _split(kv_heads, table.get("kv_heads"), axis_sizes)
+    ffn = cfg.experts[1] * cfg.expert_mlp_dim if cfg.is_moe else cfg.mlp_dim
+    t_f = _split(ffn, table.get("mlp"), axis_sizes)
+    t_v = _split(cfg.vocab_size, table.get("vocab"), axis_sizes)
+    D, hd, kd = cfg.d_model, heads * cfg.head_dim / t_h, kv_heads * cfg.head_dim / t_kv
+    G, F = _gate_width(cfg) / t_h, ffn / t_f
+    everything = p * (5 * D + 6 * hd + 6 * kd + 2 * G + 3 * F) + 4 * heads / t_h
+    if cfg.attention_impl == "xla":
+        everything += 4 * heads / t_h * seq_len
+    saved = {"none": everything,
+             "dots_with_no_batch_dims_saveable": p * (3 * D + hd + 2 * kd + G + 2 * F),
+             "full": p * D, "nothing_saveable": p * D}[cfg.remat]
+    recompute = 0.0 if cfg.remat == "none" else everything
+    return cfg.num_layers * saved + recompute + 8 * cfg.vocab_size / t_v
+
+
+def per_device(cfg: ModelConfig, axis_sizes: Mapping[str, int], *, batch_size: int,
+               grad_accum: int, seq_len: int,
+               rules: sharding.Rules = sharding.LOGICAL_RULES) -> dict[str, Any]:
+    """Bytes per device: parameters, gradients, AdamW moments, activations, and the total."""
+    micro = batch_size // grad_accum
+    batch_shards = _split(micro, dict(rules).get("batch"), axis_sizes)
+    tokens = micro // batch_shards * seq_len
+    params = parameter_bytes(cfg, axis_sizes, rules)
+    activations = round(tokens * activation_bytes_per_token(cfg, axis_sizes, seq_len, rules))
+    out = {"params": params, "grads": params, "optimizer_state": 2 * params,
+           "activations": activations, "tokens_per_device": tokens, "remat": cfg.remat}
+    out["total"] = 4 * params + activations
+    out["fits_on"] = [name for name, hbm in ACCELERATORS.items() if out["total"] <= 0.9 * hbm]
+    return out
+
+
+def report(config: Any, mesh_flag: str = "", num_devices: int | None = None) -> dict[str, Any]:
+    """The memory section of `python -m gated_attention.inspect` for config.mesh (or --mesh)."""
+    import jax
+
+    from gated_attention.config_lib import model_config
+
+    mesh_config = {k: v for k, v in dict(config.mesh).items() if k != "rules"}
+    flag = parse_mesh_flag(mesh_flag)
+    if flag:
+        mesh_config = {axis: 1 for axis in sharding.MESH_AXES} | flag
+    if num_devices is None:
+        num_devices = (math.prod(v for v in flag.values()) if flag and -1 not in flag.values()
+                       else jax.device_count())
+    axis_sizes = sharding.full_mesh_shape(mesh_config, num_devices)
+    rules = sharding.rules_from_config(config.mesh)
+    info = per_device(model_config(config), axis_sizes, batch_size=config.train.batch_size,
+                      grad_accum=config.train.get("grad_accum", 1),
+                      seq_len=config.data.seq_len, rules=rules)
+    return {"mesh": axis_sizes, **info}
+
+
+def format_rows(info: Mapping[str, Any]) -> list[tuple[str, str]]:
+    mesh = ",".join(f"{k}={v}" for k, v in info["mesh"].items())
+    rows = [(f"per-device memory (mesh {mesh})", "")]
+    for key in ("params", "grads", "optimizer_state", "activations", "total"):
+        rows.append((f"  {key}", f"{info[key] / GiB:.2f} GiB"))
+    rows.append((f"  activations: remat={info['remat']}, tokens/device",
+                 f"{info['tokens_per_device']:,}"))
+    rows.append(("  fits on (90% of HBM)", ", ".join(info["fits_on"]) or "none listed"))
+    return rows
