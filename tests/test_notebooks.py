@@ -1,0 +1,91 @@
+"""End to end: train a tiny grid with the real CLI, analyse it, summarise it, and execute the
+notebooks against it (nbclient, the venv's python kernel). One grid for the whole session."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import pathlib
+
+import nbformat
+import numpy as np
+import pytest
+from nbclient import NotebookClient
+
+from experiments import run_grid, summarize
+from gated_attention.analysis import stability
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# One CPU device and cheap XLA compiles for the training subprocesses and the kernels.
+ENV = {"XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+       "JAX_PLATFORMS": "cpu"}
+SETTINGS = ["train.steps=20", "train.batch_size=4", "data.seq_len=64", "train.eval_every=20",
+            "train.eval_batches=2", "train.log_every=5", "optimizer.warmup_steps=5",
+            "data.tokenizer=byte", "model.vocab_size=260", "model.num_layers=2"]
+RUNS = ("tiny-baseline-s0", "tiny-g1_sdpa_elementwise-s0")
+
+
+@pytest.fixture(scope="session")
+def tiny_grid(tmp_path_factory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("grid") / "smoke"
+    argv = [str(REPO / "experiments/grids/smoke.py"), "--root", str(root), "--parallel", "2"]
+    for item in SETTINGS:
+        argv += ["--set", item]
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in ENV.items():
+            mp.setenv(key, value)
+        rc = run_grid.main(argv)
+    if rc != 0:
+        logs = "\n".join(p.read_text()[-3000:] for p in sorted((root / "_logs").glob("*")))
+        pytest.fail(f"tiny grid failed:\n{logs}")
+    return root
+
+
+def test_tiny_grid_is_analysed_and_summarised(tiny_grid):
+    analyses = {run: json.loads((tiny_grid / run / "analysis" / "analysis.json").read_text())
+                for run in RUNS}
+    base, gated = analyses["tiny-baseline-s0"], analyses["tiny-g1_sdpa_elementwise-s0"]
+    assert base["gate_score_mean"] is None and 0.0 < gated["gate_score_mean"] < 1.0
+    for a in analyses.values():
+        assert a["step"] == 20 and a["exclude_first_query"] is True
+        assert len(a["first_token_attention_per_layer"]) == 2
+        assert a["massive_activation"] == pytest.approx(
+            np.mean(a["max_activation_per_layer"]["resid_after_ffn"]))
+        assert math.isfinite(a["perplexity"]) and a["perplexity"] < 260  # beats uniform bytes
+        # Attention maps are probabilities over the visible keys.
+        maps = np.load(tiny_grid / a["workdir"] / "analysis" / "attention_maps.npy")
+        np.testing.assert_allclose(maps.sum(-1), 1.0, atol=1e-5)
+        assert np.all(np.triu(maps, k=1) == 0)
+        # The spike rule here and the flag train.py logs agree on the same losses.
+        records = stability.read_metrics(tiny_grid / a["workdir"] / "metrics.jsonl")
+        train = [r for r in records if r.get("kind") == "train"]
+        detector = stability.SpikeDetector(warmup_steps=5)
+        assert [detector.update(r["step"], r["loss"]) for r in train] == [
+            bool(r["loss_spike"]) for r in train]
+        for name in a["figures"].values():
+            assert (tiny_grid / a["workdir"] / "analysis" / name).stat().st_size > 0
+    summarize.summarize(tiny_grid)
+    with open(tiny_grid / "summary.csv") as f:
+        rows = {r["variant"]: r for r in csv.DictReader(f)}
+    assert float(rows["g1_sdpa_elementwise"]["paper_f_attn"]) == 0.048
+    assert float(rows["baseline"]["f_attn"]) == pytest.approx(base["first_token_attention"])
+
+
+@pytest.mark.parametrize("notebook,env", [
+    ("compare_variants.ipynb", "GRID_ROOT"),
+    ("inspect_model.ipynb", "RUN_DIR"),
+])
+def test_notebook_executes(tiny_grid, notebook, env):
+    target = tiny_grid if env == "GRID_ROOT" else tiny_grid / RUNS[1]
+    book = nbformat.read(REPO / "notebooks" / notebook, as_version=4)
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in {**ENV, env: str(target)}.items():
+            mp.setenv(key, value)
+        NotebookClient(book, timeout=300, kernel_name="python3",
+                       resources={"metadata": {"path": str(REPO)}}).execute()
+    errors = [o for c in book.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert not errors
+    if env == "GRID_ROOT":
+        assert (tiny_grid / "figures" / "attention_maps.png").exists()
