@@ -59,17 +59,24 @@ def default_layers(num_layers: int) -> list[int]:
     return sorted({0, num_layers // 2, num_layers - 1})
 
 
-def stability_section(workdir: pathlib.Path, warmup_steps: int) -> dict[str, Any]:
+def stability_section(workdir: pathlib.Path, config: Any) -> dict[str, Any]:
+    """Spikes and divergence under the run's own rule (train.spike_factor, train.spike_ema,
+    after optimizer.warmup_steps), the flags train.py logged, and the held-out curve."""
     from gated_attention.analysis import stability
+
+    warmup_steps = int(config.optimizer.warmup_steps)
+    rule = {"factor": float(config.train.get("spike_factor", stability.SPIKE_FACTOR)),
+            "decay": float(config.train.get("spike_ema", stability.EMA_DECAY))}
 
     path = workdir / "metrics.jsonl"
     if not path.exists():
-        return {"train": stability.stability_report([]), "eval": [], "logged_spikes": None}
+        return {"train": stability.stability_report([], warmup_steps=warmup_steps, **rule),
+                "eval": [], "logged_spikes": None}
     records = stability.read_metrics(path)
     train = [r for r in records if r.get("kind", "train") == "train"]
     evals = [r for r in records if r.get("kind") == "eval"]
     report = stability.stability_report(stability.loss_series(train),
-                                        warmup_steps=warmup_steps)
+                                        warmup_steps=warmup_steps, **rule)
     logged = [r["step"] for r in train if r.get("loss_spike")]
     return {"train": report, "logged_spike_steps": logged, "logged_spikes": len(logged),
             "eval": stability.loss_series(evals, "loss"),
@@ -150,7 +157,7 @@ def analyze(workdir: str | os.PathLike[str], *, step: int | None = None, batches
     layers = default_layers(num_layers) if layers is None else list(layers)
     ids, labels = prompt_tokens(tokenizer, prompt, bool(config.data.add_bos))
     maps = stats.attention_maps(model, ids, layers)
-    stability = stability_section(workdir, int(config.optimizer.warmup_steps))
+    stability = stability_section(workdir, config)
     cfg = config_lib.model_config(config)
     info = inspect.report(cfg, int(config.data.seq_len))
     result.update(

@@ -1,9 +1,11 @@
 """Training stability from metrics.jsonl: EMA-smoothed curves, loss spikes, divergence.
 
-Loss-spike rule (LOSS_SPIKE_RULE, shared with the training loop's logged flag): a step is a
-spike when its loss exceeds SPIKE_FACTOR (1.5) x the EMA (decay 0.9) of the *previous* losses,
-once the step is past the warm-up. The EMA starts at the first finite loss and every finite
-loss (spike or not) updates it; non-finite losses never do.
+Loss-spike rule (LOSS_SPIKE_RULE; the same rule as the `loss_spike` flag train.py logs with
+metrics_writer.SpikeDetector and config.train.spike_factor / spike_ema): a step is a spike
+when its loss exceeds SPIKE_FACTOR (1.5) x the EMA (decay 0.9) of the *previous* losses, once
+the step is past the warm-up (the optimizer's warm-up steps). The EMA starts at the first
+finite loss and every finite loss (spike or not) updates it; non-finite losses never do (they
+count as divergence instead).
 
 Divergence: a non-finite loss, or an EMA-smoothed loss past the warm-up above
 `divergence_threshold` (default: DIVERGENCE_FACTOR x the first logged loss, i.e. far worse
