@@ -244,3 +244,20 @@ def test_read_metrics_and_plots(tmp_path):
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="layers"):
         plots.plot_attention_map({"a": np.eye(3)[None]}, tmp_path / "x.png", layers=[0, 1])
+
+
+def test_analyze_keeps_an_earlier_steps_analysis(tmp_path):
+    from gated_attention import analyze
+
+    out = tmp_path / "analysis"
+    out.mkdir()
+    (out / "analysis.json").write_text(json.dumps({"step": 10}))
+    analyze.keep_earlier(out, 10)  # same step: regenerated in place
+    assert (out / "analysis.json").exists()
+    analyze.keep_earlier(out, 20)
+    assert not out.exists()
+    assert json.loads((tmp_path / "analysis.step10" / "analysis.json").read_text()) == {
+        "step": 10}
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        analyze.analyze(tmp_path)
+    assert analyze.default_layers(1) == [0] and analyze.default_layers(4) == [0, 2, 3]
