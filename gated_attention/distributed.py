@@ -1,7 +1,8 @@
 """Multi-host runs: join the processes, give each host its slice of the batch, log once.
 
-On a Cloud TPU pod every worker runs the same command; `initialize()` calls
-`jax.distributed.initialize()`, which finds the coordinator from the TPU metadata. On other
+On a Cloud TPU pod every worker runs the same command (tpu_scripts/launch.sh sets
+GATED_ATTENTION_MULTIHOST=1); `initialize()` calls `jax.distributed.initialize()`, which
+finds the coordinator from the TPU metadata. On other
 clusters (or two CPU processes in a test) pass the coordinator address, process count and
 process id, by argument or by the environment variables JAX_COORDINATOR_ADDRESS,
 JAX_NUM_PROCESSES and JAX_PROCESS_ID. Each host then loads only the rows of the global batch
@@ -23,6 +24,9 @@ from jax.sharding import NamedSharding
 TPU_POD_ENV = ("TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS", "CLOUD_TPU_TASK_ID")
 ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID = (
     "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+# Set to 1 by tpu_scripts/launch.sh: join the pod's processes (jax finds the coordinator from
+# the TPU metadata), even where the worker's environment does not show it is a pod.
+ENV_MULTIHOST = "GATED_ATTENTION_MULTIHOST"
 
 
 def on_tpu_pod(env: Mapping[str, str] | None = None) -> bool:
@@ -47,8 +51,9 @@ def initialize(multihost: bool | None = None, *, coordinator_address: str | None
                env: Mapping[str, str] | None = None) -> bool:
     """Join the other processes when asked to (or on a TPU pod); return whether we did.
 
-    multihost=None decides from the environment: a TPU pod, or JAX_COORDINATOR_ADDRESS set.
-    multihost=False never initializes. Calling it twice is harmless.
+    multihost=None decides from the environment: GATED_ATTENTION_MULTIHOST=1, a TPU pod, or
+    JAX_COORDINATOR_ADDRESS set. multihost=False never initializes. Calling it twice is
+    harmless.
     """
     env = os.environ if env is None else env
     coordinator_address = coordinator_address or env.get(ENV_COORDINATOR) or None
@@ -56,7 +61,11 @@ def initialize(multihost: bool | None = None, *, coordinator_address: str | None
         env, ENV_NUM_PROCESSES)
     process_id = process_id if process_id is not None else _env_int(env, ENV_PROCESS_ID)
     if multihost is None:
-        multihost = on_tpu_pod(env) or coordinator_address is not None
+        flag = env.get(ENV_MULTIHOST, "").strip().lower()
+        if flag not in ("", "0", "1", "false", "true"):
+            raise ValueError(f"environment variable {ENV_MULTIHOST}={flag!r} must be 1 or 0")
+        multihost = (flag in ("1", "true") or on_tpu_pod(env)
+                     or coordinator_address is not None)
     if not multihost:
         return False
     if coordinator_address is not None and (num_processes is None or process_id is None):

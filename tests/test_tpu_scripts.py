@@ -1,0 +1,166 @@
+"""tpu_scripts/: shellcheck-clean, dry runs print the exact gcloud commands, bad settings refused.
+
+Nothing here calls gcloud: dry runs only print, and the one real run has no gcloud on PATH.
+"""
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "tpu_scripts"
+ALL = sorted(p.name for p in SCRIPTS.glob("*.sh"))
+SETTINGS = {"PROJECT": "my-proj", "ZONE": "us-central2-b", "BUCKET": "gs://bkt/ga",
+            "TPU_NAME": "ga-pod", "TPU_TYPE": "v4-32", "RUNTIME_VERSION": "tpu-ubuntu2204-base",
+            "SPOT": "true", "QUEUED": "true"}
+LOCATION = ["--project=my-proj", "--zone=us-central2-b"]
+SCRIPT_ARGS = {"create.sh": [], "setup.sh": [], "teardown.sh": ["--yes"],
+               "launch.sh": ["--name", "r1"], "logs.sh": ["--name", "r1"],
+               "launch_grid.sh": ["--grid", "experiments/grids/table1.py", "--name", "t1"]}
+
+
+def write_settings(tmp_path, **changes):
+    settings = {**SETTINGS, **changes}
+    path = tmp_path / "pod.env"
+    path.write_text("".join(f"{k}={v}\n" for k, v in settings.items() if v is not None))
+    return path
+
+
+def run(script, *args, env=None):
+    return subprocess.run(["bash", str(SCRIPTS / script), *args], capture_output=True,
+                          text=True, env=env, timeout=30)
+
+
+def dry_run(tmp_path, script, *args, **settings):
+    result = run(script, *args, "--config", str(write_settings(tmp_path, **settings)),
+                 "--dry-run")
+    assert result.returncode == 0, result.stderr
+    return [shlex.split(line) for line in result.stdout.splitlines()]
+
+
+def remote_command(argv):
+    (command,) = [a for a in argv if a.startswith("--command=")]
+    return shlex.split(command.removeprefix("--command="))
+
+
+def test_every_script_is_shellcheck_clean():
+    assert set(SCRIPT_ARGS) | {"common.sh"} == set(ALL)
+    shellcheck = Path(sys.executable).with_name("shellcheck")
+    result = subprocess.run([str(shellcheck), "-x", "-P", "SCRIPTDIR",
+                             *(str(SCRIPTS / s) for s in ALL)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_create_asks_queued_resources_or_creates_directly(tmp_path):
+    queued = dry_run(tmp_path, "create.sh")
+    assert queued[0] == ["gcloud", "compute", "tpus", "queued-resources", "create", "ga-pod",
+                         "--node-id=ga-pod", *LOCATION, "--accelerator-type=v4-32",
+                         "--runtime-version=tpu-ubuntu2204-base", "--spot"]
+    direct = dry_run(tmp_path, "create.sh", QUEUED="false", SPOT="false")
+    assert direct == [["gcloud", "compute", "tpus", "tpu-vm", "create", "ga-pod", *LOCATION,
+                       "--accelerator-type=v4-32", "--version=tpu-ubuntu2204-base"]]
+
+
+def test_setup_copies_the_commit_and_installs_on_every_worker(tmp_path):
+    archive, scp, ssh = dry_run(tmp_path, "setup.sh", EXTRAS="seqio")
+    assert archive[:2] == ["git", "-C"] and archive[3:5] == ["archive", "--format=tar.gz"]
+    assert scp[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "scp", archive[5][9:]]
+    assert scp[6:] == ["ga-pod:gated_attention.tar.gz", *LOCATION, "--worker=all"]
+    assert ssh[:9] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "ga-pod", *LOCATION,
+                       "--worker=all"]
+    remote = remote_command(ssh)
+    assert ".[seqio]" in remote and "jax[tpu]" in remote
+
+
+def test_launch_runs_main_on_all_workers_with_a_gcs_workdir(tmp_path):
+    (ssh,) = dry_run(tmp_path, "launch.sh", "--name", "r1", "--variant", "g1_sdpa_elementwise",
+                     "--", "--config.train.steps=10", "--config.data.paths=a b")
+    assert ssh[:9] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "ga-pod", *LOCATION,
+                       "--worker=all"]
+    remote = remote_command(ssh)
+    start = remote.index("-m")
+    assert remote[start - 2:start] == ["nohup", ".venv/bin/python"]
+    assert "GATED_ATTENTION_MULTIHOST=1" in remote
+    assert remote[start + 1:start + 7] == [
+        "gated_attention.main",
+        "--config=configs/ablation.py:arch=tiny,variant=g1_sdpa_elementwise",
+        "--workdir=gs://bkt/ga/runs/r1", "--progress=false", "--config.train.steps=10",
+        "--config.data.paths=a b"]
+    assert remote[-6:] == [">", "~/logs/r1.log", "2>&1", "<", "/dev/null", "&"]
+
+
+def test_launch_grid_runs_the_grid_runner_with_a_gcs_root(tmp_path):
+    (ssh,) = dry_run(tmp_path, "launch_grid.sh", "--grid", "experiments/grids/table1.py",
+                     "--name", "t1", "--", "--scale", "tiny")
+    remote = remote_command(ssh)
+    start = remote.index("experiments.run_grid")
+    assert remote[start + 1:start + 7] == ["experiments/grids/table1.py", "--root",
+                                           "gs://bkt/ga/grids/t1", "--parallel", "1",
+                                           "--scale"]
+
+
+def test_logs_and_teardown(tmp_path):
+    (ssh,) = dry_run(tmp_path, "logs.sh", "--name", "r1", "--worker", "3")
+    assert "--worker=3" in ssh and remote_command(ssh) == ["tail", "-n", "100", "-F",
+                                                           "~/logs/r1.log"]
+    (delete,) = dry_run(tmp_path, "teardown.sh", "--yes")
+    assert delete == ["gcloud", "compute", "tpus", "queued-resources", "delete", "ga-pod",
+                      *LOCATION, "--force", "--quiet"]
+    refused = run("teardown.sh", "--config", str(write_settings(tmp_path)))
+    assert refused.returncode == 2 and "pass --yes to confirm" in refused.stderr
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPT_ARGS))
+@pytest.mark.parametrize("missing", ["PROJECT", "ZONE", "TPU_NAME"])
+def test_every_script_names_a_missing_setting(tmp_path, script, missing):
+    settings = write_settings(tmp_path, **{missing: None})
+    result = run(script, *SCRIPT_ARGS[script], "--config", str(settings), "--dry-run")
+    assert result.returncode == 2
+    assert f"error: {missing} is not set in {settings}" in result.stderr
+
+
+@pytest.mark.parametrize("script, setting, value, message", [
+    ("create.sh", "TPU_TYPE", None, "TPU_TYPE is not set"),
+    ("create.sh", "TPU_TYPE", "v4", "is not an accelerator type such as v4-32"),
+    ("create.sh", "SPOT", "yes", "SPOT=yes in"),
+    ("launch.sh", "BUCKET", None, "BUCKET is not set"),
+    ("launch.sh", "BUCKET", "/data/runs", "must be a gs:// path"),
+    ("launch_grid.sh", "BUCKET", None, "BUCKET is not set"),
+])
+def test_scripts_refuse_bad_settings(tmp_path, script, setting, value, message):
+    settings = write_settings(tmp_path, **{setting: value})
+    result = run(script, *SCRIPT_ARGS[script], "--config", str(settings), "--dry-run")
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_scripts_refuse_bad_flags_and_a_missing_settings_file(tmp_path):
+    settings = str(write_settings(tmp_path))
+    cases = [
+        (["launch.sh", "--config", settings], "--name is required"),
+        (["launch.sh", "--name", "a/b", "--config", settings], "may only hold letters"),
+        (["launch.sh", "--name", "r", "--steps", "3", "--config", settings],
+         "unknown flag '--steps'"),
+        (["launch_grid.sh", "--name", "t", "--grid", "nope.py", "--config", settings],
+         "--grid nope.py is not a file of this checkout"),
+        (["create.sh", "--config", str(tmp_path / "absent.env")], "absent.env not found: copy"),
+    ]
+    for (script, *args), message in cases:
+        result = run(script, *args, "--dry-run")
+        assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
+
+
+def test_without_gcloud_a_real_run_stops_and_a_dry_run_still_prints(tmp_path):
+    bin_dir = tmp_path / "bin"  # a PATH with bash and nothing else
+    bin_dir.mkdir()
+    (bin_dir / "bash").symlink_to(subprocess.check_output(["which", "bash"], text=True).strip())
+    env = {**os.environ, "PATH": str(bin_dir)}
+    settings = str(write_settings(tmp_path))
+    result = run("create.sh", "--config", settings, env=env)
+    assert result.returncode == 2
+    assert "gcloud is not on the PATH" in result.stderr and "--dry-run" in result.stderr
+    printed = run("create.sh", "--config", settings, "--dry-run", env=env)
+    assert printed.returncode == 0 and printed.stdout.startswith("gcloud compute tpus")

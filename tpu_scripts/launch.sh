@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Start one training run on every worker of the pod, its workdir on $BUCKET/runs/NAME.
+#   tpu_scripts/launch.sh --name NAME [--arch ARCH] [--variant VARIANT] [--config PATH]
+#       [--dry-run] [-- --config.train.steps=1000 ...]
+# Flags after `--` go to `python -m gated_attention.main`. The run keeps going after you log
+# out; follow it with tpu_scripts/logs.sh --name NAME. Launching the same NAME again resumes.
+# shellcheck source=common.sh
+source "$(cd "${BASH_SOURCE[0]%/*}" && pwd)/common.sh"
+parse_common_flags "$@"
+FLAG_name="" FLAG_arch="tiny" FLAG_variant="baseline"
+parse_flags name arch variant
+load_settings
+require BUCKET
+check_name --name "$FLAG_name"
+[[ "$FLAG_arch$FLAG_variant" =~ ^[A-Za-z0-9._-]+$ ]] ||
+  die "--arch and --variant may only hold letters, digits, '.', '-' and '_'"
+require_gcloud
+
+workdir="${BUCKET%/}/runs/$FLAG_name"
+main=".venv/bin/python -m gated_attention.main"
+main+=" --config=configs/ablation.py:arch=$FLAG_arch,variant=$FLAG_variant"
+main+=" --workdir=$(printf '%q' "$workdir") --progress=false$(quoted_passthrough)"
+log="$REMOTE_LOGS/$FLAG_name.log"
+# Every worker runs the same command; GATED_ATTENTION_MULTIHOST=1 makes main.py join them with
+# jax.distributed.initialize(). setsid + nohup: the run survives the ssh session.
+remote="mkdir -p $REMOTE_LOGS && cd $REMOTE_DIR && GATED_ATTENTION_MULTIHOST=1 setsid nohup"
+remote+=" $main > $log 2>&1 < /dev/null &"
+tpu_ssh all "$remote"
+echo "# Started $FLAG_name on every worker; workdir $workdir, log $log on each worker." >&2
