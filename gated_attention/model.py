@@ -40,7 +40,10 @@ class Transformer(nnx.Module):
         capture = validate_capture(capture)
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.compute_dtype)
+        # FSDP: gather the table's embed dimension before the lookup (as for every weight), so
+        # the looked-up rows come out split by batch, not by embed.
+        table = constrain(self.embed[...], ("vocab", None))
+        x = jnp.take(table, tokens, axis=0).astype(cfg.compute_dtype)
         x = constrain(x, ("batch", "length", "embed"))
         aux_total: dict[str, jax.Array] = {}
         for block in self.layers:
