@@ -89,3 +89,6 @@ class ModelConfig:
                                  f"1..num_experts={self.num_experts}")
             if self.expert_mlp_dim <= 0:
                 raise ValueError("model.expert_mlp_dim must be > 0 for an MoE arch")
+            from gated_attention.layers.moe import validate_moe
+
+            validate_moe(self)  # moe_impl and moe_capacity_factor

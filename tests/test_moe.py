@@ -2,6 +2,7 @@
 a tiny MoE model that learns, and the 15A2B parameter counts in closed form."""
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -298,9 +299,15 @@ def test_tiny_moe_model_learns_and_reports_expert_load():
     assert np.all(load >= 0) and np.isfinite(float(aux["moe_load_balance_loss"]))
 
 
-def test_bad_moe_impl_is_named():
-    with pytest.raises(ValueError, match="model.moe_impl='bogus'.*ragged, dense"):
-        MoEFeedForward(small_cfg(moe_impl="bogus"), rngs=nnx.Rngs(params=0))
+@pytest.mark.parametrize("field,value,message", [
+    ("moe_impl", "bogus", "model.moe_impl='bogus' is not allowed; choose one of ragged, dense"),
+    ("moe_capacity_factor", -1.0, "model.moe_capacity_factor=-1.0 must be >= 0"),
+])
+def test_bad_moe_fields_are_named_before_building(field, value, message):
+    config = base_config("tiny_moe")
+    config.model[field] = value
+    with pytest.raises(ValueError, match=re.escape(message)):
+        model_config(config)
 
 
 # ----------------------------------------------------------------------------- 15A2B counts
