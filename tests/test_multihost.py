@@ -28,6 +28,9 @@ def test_initialize_decides_from_flags_and_environment():
         distributed.initialize(None, env={"JAX_COORDINATOR_ADDRESS": "localhost:1234"})
     with pytest.raises(ValueError, match="JAX_NUM_PROCESSES='two' must be an integer"):
         distributed.initialize(None, env={"JAX_NUM_PROCESSES": "two"})
+    assert distributed.initialize(None, env={"GATED_ATTENTION_MULTIHOST": "0"}) is False
+    with pytest.raises(ValueError, match="GATED_ATTENTION_MULTIHOST='maybe' must be 1 or 0"):
+        distributed.initialize(None, env={"GATED_ATTENTION_MULTIHOST": "maybe"})
     with pytest.raises(ValueError, match="process_id=2 must be in 0..1"):
         distributed.initialize(True, coordinator_address="localhost:1", num_processes=2,
                                process_id=2, env={})
