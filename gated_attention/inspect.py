@@ -134,7 +134,12 @@ def _extra_reports(config: Any) -> dict[str, Any]:
 
     mesh = flags.FLAGS["mesh"].value if "mesh" in flags.FLAGS else ""
     devices = flags.FLAGS["num_devices"].value if "num_devices" in flags.FLAGS else None
-    return {"memory": memory.report(config, mesh or "", devices)}
+    try:
+        return {"memory": memory.report(config, mesh or "", devices)}
+    except ValueError as err:  # a bad --mesh / --num_devices / config.mesh: say which
+        from absl import app
+
+        raise app.UsageError(str(err)) from None
 
 
 if __name__ == "__main__":

@@ -136,11 +136,15 @@ def report(config: Any, mesh_flag: str = "", num_devices: int | None = None) -> 
     return {"mesh": axis_sizes, **info}
 
 
+def _human(n: int) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"
+
+
 def format_rows(info: Mapping[str, Any]) -> list[tuple[str, str]]:
     mesh = ",".join(f"{k}={v}" for k, v in info["mesh"].items())
     rows = [(f"per-device memory (mesh {mesh})", "")]
     for key in ("params", "grads", "optimizer_state", "activations", "total"):
-        rows.append((f"  {key}", f"{info[key] / GiB:.2f} GiB"))
+        rows.append((f"  {key}", _human(info[key])))
     rows.append((f"  activations: remat={info['remat']}, tokens/device",
                  f"{info['tokens_per_device']:,}"))
     rows.append(("  fits on (90% of HBM)", ", ".join(info["fits_on"]) or "none listed"))
