@@ -156,3 +156,22 @@ def test_runner_resumes_skips_and_survives_failures(tmp_path, monkeypatch, capsy
         assert len(list(csv.DictReader(f))) == 4
     with open(root / "runs.csv") as f:
         assert len(list(csv.DictReader(f))) == 8
+
+
+def test_every_tiny_run_is_a_valid_config():
+    """Every (arch, variant) of every grid at tiny scale resolves to a valid model config, with
+    the grid's overrides applied (FFN narrowing, which traces the model, is left out)."""
+    from gated_attention import config_lib
+
+    seen = set()
+    for grid in GRIDS:
+        for run in grid_lib.grid_runs(grid, "tiny", (0,)):
+            if (run.arch, run.variant) in seen:
+                continue
+            seen.add((run.arch, run.variant))
+            overrides = grid_lib.run_overrides(run, "tiny")
+            overrides["model.narrow_ffn_to_match_baseline"] = False
+            config = config_lib.base_config(run.arch, run.variant)
+            config.update_from_flattened_dict(overrides)
+            cfg = config_lib.model_config(config)
+            assert cfg.variant.name == run.variant and cfg.mlp_dim > 0
