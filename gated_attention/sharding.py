@@ -187,6 +187,11 @@ def logical_rules(rules: Rules) -> Iterator[None]:
         _ACTIVE_RULES.reset(token)
 
 
+def active_rules() -> Rules:
+    """The rules `constrain` uses now: those of the innermost `logical_rules` block."""
+    return _ACTIVE_RULES.get()
+
+
 def logical_to_spec(names: Sequence[str | None] | None,
                     rules: Rules = LOGICAL_RULES) -> PartitionSpec:
     """PartitionSpec for logical names; a mesh axis is used at most once per array."""
@@ -257,15 +262,18 @@ def batch_sharding(mesh: Mesh, rules: Rules = LOGICAL_RULES) -> NamedSharding:
 def constrain(x: jax.Array, logical_names: Sequence[str | None]) -> jax.Array:
     """Pin an activation's layout by its logical names when traced under `jax.set_mesh`.
 
-    A no-op outside a mesh, and for eager (untraced) arrays, so single-device code and
-    notebooks run unchanged. Axes that do not divide a dimension are left replicated.
+    A no-op outside a mesh, inside shard_map, and for eager (untraced) arrays, so
+    single-device code and notebooks run unchanged. Axes that do not divide a dimension are
+    left replicated.
     """
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or not isinstance(x, jax.core.Tracer):
         return x
+    if jax.sharding.AxisType.Manual in mesh.axis_types:  # inside shard_map: layout is manual
+        return x
     if len(logical_names) != x.ndim:
         raise ValueError(f"constrain: {len(logical_names)} logical names {tuple(logical_names)} "
                          f"for an array of rank {x.ndim}")
-    spec = fit_spec(logical_to_spec(logical_names, _ACTIVE_RULES.get()), x.shape,
+    spec = fit_spec(logical_to_spec(logical_names, active_rules()), x.shape,
                     dict(mesh.shape))
     return jax.lax.with_sharding_constraint(x, spec)

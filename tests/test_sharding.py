@@ -89,6 +89,9 @@ def test_constrain_is_a_noop_without_mesh_and_pins_layout_under_one():
     with jax.set_mesh(mesh):  # batch 2 does not divide over data x fsdp = 4: replicated
         small = fn(x[:2])
     assert small.sharding.is_equivalent_to(NamedSharding(mesh, P()), 3)
+    per_device = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("data"), out_specs=P("data")))
+    with jax.set_mesh(mesh):  # inside shard_map the layout is manual: constrain stays out
+        np.testing.assert_array_equal(per_device(x), 2 * x)
 
 
 # ----------------------------------------------------------------------------- parameters
