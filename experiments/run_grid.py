@@ -142,7 +142,12 @@ def execute(run: grid_lib.Run, root: pathlib.Path, train_cmd: list[str],
 def check_unchanged(root: pathlib.Path, run: grid_lib.Run, train_cmd: list[str]) -> None:
     """A run directory must never silently switch to another config."""
     old = read_status(root, run.name)
-    if old and old.get("train_command") and old["train_command"] != train_cmd:
+
+    def config_args(cmd: Sequence[str]) -> list[str]:  # what decides the run, not the python
+        return [a for a in cmd if a.startswith("--config")]
+
+    if old and old.get("train_command") and config_args(old["train_command"]) != config_args(
+            train_cmd):
         raise grid_lib.GridError(
             f"run {run.name} in {root} was launched with a different command:\n  "
             f"{shlex.join(old['train_command'])}\nnow:\n  {shlex.join(train_cmd)}\n"
