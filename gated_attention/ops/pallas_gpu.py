@@ -37,6 +37,15 @@ def _mask(p: fc.Problem, q_pos, k_pos, q_seg, k_seg):
     return mask
 
 
+def _kv_loop(p: fc.Problem, body, init, lo, hi, i, bq: int, bkv: int):
+    """Run body over kv blocks [lo, hi): mask-free tiles first, then the masked ones."""
+    if p.has_segments:
+        return lax.fori_loop(lo, hi, functools.partial(body, masked=True), init)
+    mid = jnp.maximum(lo, fc.unmasked_kv_end(p, i, bq, bkv, hi))
+    carry = lax.fori_loop(lo, mid, functools.partial(body, masked=False), init)
+    return lax.fori_loop(mid, hi, functools.partial(body, masked=True), carry)
+
+
 def _fwd_kernel(*refs, p: fc.Problem, bq: int, bkv: int, residuals: bool):
     refs = list(refs)
     q_ref, k_ref, v_ref, lo_ref, hi_ref = refs[:5]
@@ -50,23 +59,24 @@ def _fwd_kernel(*refs, p: fc.Problem, bq: int, bkv: int, residuals: bool):
     q = q_ref[...]
     q_pos = i * bq + jnp.arange(bq)
     q_seg = None if seg_ref is None else seg_ref[pl.ds(i * bq, bq)]
-    sink = None if sink_ref is None else jnp.max(sink_ref[...].astype(jnp.float32))
+    sink = None if sink_ref is None else jnp.max(sink_ref[...].astype(jnp.float32)) * fc.LOG2E
     m0 = fc.initial_max(p.normalizer, bq, sink)
 
-    def body(j, carry):
+    def body(j, carry, masked: bool):
         acc, m, mass_sum = carry
         k = k_ref[pl.ds(j * bkv, bkv), :]
         v = v_ref[pl.ds(j * bkv, bkv), :]
-        x = plgpu.dot(q, k, trans_b=True).astype(jnp.float32) * p.scale
-        k_seg = None if seg_ref is None else seg_ref[pl.ds(j * bkv, bkv)]
-        mask = _mask(p, q_pos, j * bkv + jnp.arange(bkv), q_seg, k_seg)
+        x = plgpu.dot(q, k, trans_b=True).astype(jnp.float32) * p.scale2
+        mask = None
+        if masked:
+            k_seg = None if seg_ref is None else seg_ref[pl.ds(j * bkv, bkv)]
+            mask = _mask(p, q_pos, j * bkv + jnp.arange(bkv), q_seg, k_seg)
         m, corr, weights, mass = fc.online_block(x, mask, m, p.normalizer)
         acc = acc * corr + plgpu.dot(weights.astype(v.dtype), v).astype(jnp.float32)
         return acc, m, mass_sum * corr + mass
 
-    acc0 = jnp.zeros((bq, p.padded_dim), jnp.float32)
-    acc, m, mass_sum = lax.fori_loop(lo_ref[b, i], hi_ref[b, i], body,
-                              (acc0, m0, jnp.zeros((bq, 1), jnp.float32)))
+    init = (jnp.zeros((bq, p.padded_dim), jnp.float32), m0, jnp.zeros((bq, 1), jnp.float32))
+    acc, m, mass_sum = _kv_loop(p, body, init, lo_ref[b, i], hi_ref[b, i], i, bq, bkv)
     o, lse = fc.finalize(acc, m, mass_sum, p.normalizer, sink)
     out = o
     if gate_ref is not None:
@@ -90,18 +100,20 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, lo_ref, hi_ref, 
     q_pos = i * bq + jnp.arange(bq)
     q_seg = None if seg_ref is None else seg_ref[pl.ds(i * bq, bq)]
 
-    def body(j, dq):
+    def body(j, dq, masked: bool):
         k = k_ref[pl.ds(j * bkv, bkv), :]
         v = v_ref[pl.ds(j * bkv, bkv), :]
-        x = plgpu.dot(q, k, trans_b=True).astype(jnp.float32) * p.scale
-        k_seg = None if seg_ref is None else seg_ref[pl.ds(j * bkv, bkv)]
-        mask = _mask(p, q_pos, j * bkv + jnp.arange(bkv), q_seg, k_seg)
+        x = plgpu.dot(q, k, trans_b=True).astype(jnp.float32) * p.scale2
+        mask = None
+        if masked:
+            k_seg = None if seg_ref is None else seg_ref[pl.ds(j * bkv, bkv)]
+            mask = _mask(p, q_pos, j * bkv + jnp.arange(bkv), q_seg, k_seg)
         dw = plgpu.dot(do, v, trans_b=True).astype(jnp.float32)
         _, dx = fc.weights_and_dlogits(x, mask, lse, dw, delta, p.normalizer)
         return dq + plgpu.dot(dx.astype(k.dtype), k).astype(jnp.float32)
 
-    dq = lax.fori_loop(lo_ref[b, i], hi_ref[b, i], body,
-                       jnp.zeros((bq, p.padded_dim), jnp.float32))
+    dq = _kv_loop(p, body, jnp.zeros((bq, p.padded_dim), jnp.float32), lo_ref[b, i],
+                  hi_ref[b, i], i, bq, bkv)
     dq_ref[...] = (dq * p.scale).astype(dq_ref.dtype)
 
 
@@ -118,22 +130,30 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, lo_ref, hi_ref,
     dv = jnp.zeros((bkv, p.padded_dim), jnp.float32)
 
     for g in range(p.group):  # static: each query head of this kv head's group
-        def body(i, carry, g=g):
+        def body(i, carry, masked: bool, g=g):
             dk, dv = carry
             q = q_ref[pl.ds(i * bq, bq), g, :]
             do = do_ref[pl.ds(i * bq, bq), g, :]
             lse = lse_ref[g, pl.ds(i * bq, bq)][:, None]
             delta = delta_ref[g, pl.ds(i * bq, bq)][:, None]
-            x = plgpu.dot(q, k, trans_b=True).astype(jnp.float32) * p.scale
-            q_seg = None if seg_ref is None else seg_ref[pl.ds(i * bq, bq)]
-            mask = _mask(p, i * bq + jnp.arange(bq), k_pos, q_seg, k_seg)
+            x = plgpu.dot(q, k, trans_b=True).astype(jnp.float32) * p.scale2
+            mask = None
+            if masked:
+                q_seg = None if seg_ref is None else seg_ref[pl.ds(i * bq, bq)]
+                mask = _mask(p, i * bq + jnp.arange(bq), k_pos, q_seg, k_seg)
             dw = plgpu.dot(do, v, trans_b=True).astype(jnp.float32)
             w, dx = fc.weights_and_dlogits(x, mask, lse, dw, delta, p.normalizer)
             dv = dv + plgpu.dot(w.astype(do.dtype), do, trans_a=True).astype(jnp.float32)
             dk = dk + plgpu.dot(dx.astype(q.dtype), q, trans_a=True).astype(jnp.float32)
             return dk, dv
 
-        dk, dv = lax.fori_loop(lo_ref[b, j], hi_ref[b, j], body, (dk, dv))
+        lo, hi = lo_ref[b, j], hi_ref[b, j]
+        if p.has_segments:
+            dk, dv = lax.fori_loop(lo, hi, functools.partial(body, masked=True), (dk, dv))
+        else:  # masked tiles near the diagonal first, then the q blocks that see every key
+            mid = jnp.minimum(hi, fc.unmasked_q_start(p, j, bq, bkv, lo))
+            dk, dv = lax.fori_loop(lo, mid, functools.partial(body, masked=True), (dk, dv))
+            dk, dv = lax.fori_loop(mid, hi, functools.partial(body, masked=False), (dk, dv))
     dk_ref[...] = (dk * p.scale).astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
 

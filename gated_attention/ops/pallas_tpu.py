@@ -70,6 +70,23 @@ def _clamp(j, lo, hi):
     return jnp.minimum(jnp.maximum(j, lo), jnp.maximum(hi - 1, lo))
 
 
+def _tile_mask(p: fc.Problem, i, j, bq: int, bkv: int, qseg_ref, kseg_ref):
+    q_seg = None if qseg_ref is None else qseg_ref[...]
+    k_seg = None if kseg_ref is None else kseg_ref[...]
+    return _mask(p, i, j, bq, bkv, q_seg, k_seg)
+
+
+def _when_kv_visible(p: fc.Problem, step, i, j, lo, hi, bq: int, bkv: int) -> None:
+    """step(masked) on kv block j if it is in [lo, hi); tiles needing no mask skip it."""
+    visible = (j >= lo) & (j < hi)
+    if p.has_segments:
+        pl.when(visible)(functools.partial(step, True))
+        return
+    end = fc.unmasked_kv_end(p, i, bq, bkv, hi)
+    pl.when(visible & (j < end))(functools.partial(step, False))
+    pl.when(visible & (j >= end))(functools.partial(step, True))
+
+
 def _fwd_kernel(lo_ref, hi_ref, *refs, p: fc.Problem, bq: int, bkv: int, nq: int, nkv: int,
                 residuals: bool):
     refs = list(refs)
@@ -82,7 +99,7 @@ def _fwd_kernel(lo_ref, hi_ref, *refs, p: fc.Problem, bq: int, bkv: int, nq: int
     outs = rest[:-3]
     b, h, i, j = (pl.program_id(a) for a in range(4))
     lo, hi = lo_ref[b * nq + i], hi_ref[b * nq + i]
-    sink = None if sink_ref is None else sink_ref[h].astype(jnp.float32)
+    sink = None if sink_ref is None else sink_ref[h].astype(jnp.float32) * fc.LOG2E
 
     @pl.when(j == 0)
     def _init():
@@ -90,17 +107,16 @@ def _fwd_kernel(lo_ref, hi_ref, *refs, p: fc.Problem, bq: int, bkv: int, nq: int
         l_ref[...] = jnp.zeros_like(l_ref)
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    @pl.when((j >= lo) & (j < hi))
-    def _step():
+    def step(masked: bool):
         q, k, v = q_ref[...], k_ref[...], v_ref[...]
-        x = _nt(q, k) * p.scale
-        q_seg = None if qseg_ref is None else qseg_ref[...]
-        k_seg = None if kseg_ref is None else kseg_ref[...]
-        mask = _mask(p, i, j, bq, bkv, q_seg, k_seg)
+        x = _nt(q, k) * p.scale2
+        mask = _tile_mask(p, i, j, bq, bkv, qseg_ref, kseg_ref) if masked else None
         m, corr, weights, mass = fc.online_block(x, mask, m_ref[...], p.normalizer)
         m_ref[...] = m
         l_ref[...] = l_ref[...] * corr + mass
         acc_ref[...] = acc_ref[...] * corr + _nn(weights.astype(v.dtype), v)
+
+    _when_kv_visible(p, step, i, j, lo, hi, bq, bkv)
 
     @pl.when(j == nkv - 1)
     def _write():
@@ -127,16 +143,15 @@ def _dq_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, 
     def _init():
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    @pl.when((j >= lo) & (j < hi))
-    def _step():
+    def step(masked: bool):
         q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-        x = _nt(q, k) * p.scale
-        q_seg = None if qseg_ref is None else qseg_ref[...]
-        k_seg = None if kseg_ref is None else kseg_ref[...]
-        mask = _mask(p, i, j, bq, bkv, q_seg, k_seg)
+        x = _nt(q, k) * p.scale2
+        mask = _tile_mask(p, i, j, bq, bkv, qseg_ref, kseg_ref) if masked else None
         _, dx = fc.weights_and_dlogits(x, mask, lse_ref[...], _nt(do, v),
                                        delta_ref[...], p.normalizer)
         acc_ref[...] += _nn(dx.astype(k.dtype), k)
+
+    _when_kv_visible(p, step, i, j, lo, hi, bq, bkv)
 
     @pl.when(j == nkv - 1)
     def _write():
@@ -157,17 +172,22 @@ def _dkv_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
         dk_acc[...] = jnp.zeros_like(dk_acc)
         dv_acc[...] = jnp.zeros_like(dv_acc)
 
-    @pl.when((i >= lo) & (i < hi))
-    def _step():
+    def step(masked: bool):
         q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-        x = _nt(q, k) * p.scale
-        q_seg = None if qseg_ref is None else qseg_ref[...]
-        k_seg = None if kseg_ref is None else kseg_ref[...]
-        mask = _mask(p, i, j, bq, bkv, q_seg, k_seg)
+        x = _nt(q, k) * p.scale2
+        mask = _tile_mask(p, i, j, bq, bkv, qseg_ref, kseg_ref) if masked else None
         w, dx = fc.weights_and_dlogits(x, mask, lse_ref[...], _nt(do, v),
                                        delta_ref[...], p.normalizer)
         dv_acc[...] += _tn(w.astype(do.dtype), do)
         dk_acc[...] += _tn(dx.astype(q.dtype), q)
+
+    visible = (i >= lo) & (i < hi)
+    if p.has_segments:
+        pl.when(visible)(functools.partial(step, True))
+    else:  # q blocks from `start` on see every key of this kv block
+        start = fc.unmasked_q_start(p, j, bq, bkv, lo)
+        pl.when(visible & (i < start))(functools.partial(step, True))
+        pl.when(visible & (i >= start))(functools.partial(step, False))
 
     @pl.when(r == p.group * nq - 1)
     def _write():
