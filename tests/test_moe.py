@@ -102,7 +102,8 @@ def objective(y, balance, z, cotangent):
 
 
 @pytest.mark.parametrize("impl,capacity_factor,renormalize", [
-    ("ragged", 0.0, True), ("ragged", 0.75, False), ("dense", 0.0, False), ("dense", 0.75, True),
+    ("ragged", 0.0, True), ("ragged", 0.75, False), ("blocked", 0.75, True),
+    ("dense", 0.0, False),
 ])
 def test_layer_matches_naive_reference(impl, capacity_factor, renormalize):
     cfg = small_cfg(moe_impl=impl, moe_capacity_factor=capacity_factor,
@@ -202,7 +203,7 @@ def test_layer_balance_loss_is_global_on_a_data_parallel_mesh(data):
     layer = make_layer(small_cfg())
     x = tokens((8, 4))
     y_one, aux_one = forward(layer, x)
-    mesh = sharding.create_mesh(dict(data=data, fsdp=1, tensor=1, expert=8 // data))
+    mesh = sharding.create_mesh(dict(data=data, fsdp=1, tensor=1, expert=1))
     with jax.set_mesh(mesh):
         y, aux = forward(layer, x)
     np.testing.assert_allclose(y, y_one, rtol=1e-5, atol=1e-6)
@@ -215,14 +216,14 @@ def test_layer_balance_loss_is_global_on_a_data_parallel_mesh(data):
 
 # ----------------------------------------------------------------------------- expert parallel
 
-@pytest.mark.parametrize("mesh_shape", [dict(expert=8, data=1),
-                                        dict(data=2, fsdp=2, expert=2)])
-def test_expert_parallel_matches_single_device(mesh_shape, monkeypatch):
+@pytest.mark.parametrize("mesh_shape,impl", [(dict(expert=8, data=1), "ragged"),
+                                             (dict(data=2, fsdp=2, expert=2), "blocked")])
+def test_expert_parallel_matches_single_device(mesh_shape, impl, monkeypatch):
     exchanges = []
     all_to_all = moe_parallel.experts_all_to_all
     monkeypatch.setattr(moe_parallel, "experts_all_to_all",
                         lambda *a, **kw: exchanges.append(kw["ep"]) or all_to_all(*a, **kw))
-    layer = make_layer(small_cfg())
+    layer = make_layer(small_cfg(moe_impl=impl))
     x = tokens((8, 4))
     cot = jax.random.normal(jax.random.key(5), x.shape, jnp.float32)
 
@@ -300,7 +301,8 @@ def test_tiny_moe_model_learns_and_reports_expert_load():
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("moe_impl", "bogus", "model.moe_impl='bogus' is not allowed; choose one of ragged, dense"),
+    ("moe_impl", "bogus",
+     "model.moe_impl='bogus' is not allowed; choose one of ragged, blocked, dense"),
     ("moe_capacity_factor", -1.0, "model.moe_capacity_factor=-1.0 must be >= 0"),
 ])
 def test_bad_moe_fields_are_named_before_building(field, value, message):

@@ -13,8 +13,10 @@ num_layers for a per-layer mean):
 - "moe_expert_load":       [E] fraction of assignments routed to each expert
 
 Implementations (`model.moe_impl`): "ragged" sorts assignments by expert and runs
-`jax.lax.ragged_dot` (no capacity padding); "dense" runs every expert on every token
-(a reference for tests and tiny models). Under `jax.set_mesh(mesh)` the ragged path runs per
+`jax.lax.ragged_dot` (no capacity padding; fast where XLA has a native grouped matmul, i.e.
+TPU); "blocked" sorts the same way and pads each expert's rows to whole blocks for ordinary
+batched matmuls (fast on CPU and GPU, where XLA lowers ragged_dot densely); "dense" runs
+every expert on every token (a reference). Under `jax.set_mesh(mesh)` the sorted paths run per
 device in `shard_map`, with experts split over the mesh axis the "expert" rule names and
 tokens exchanged by all-to-all (layers/moe_parallel.py); without a mesh it runs as is.
 """
@@ -68,11 +70,11 @@ class MoEFeedForward(nnx.Module):
         if self.impl == "dense":
             y = moe_ops.experts_dense(x, routing, w_gate, w_up, w_down)
         elif expert_axis is None or ep == 1:
-            y = moe_ops.experts_ragged(x, routing, w_gate, w_up, w_down)
+            y = moe_ops.experts_grouped(x, routing, w_gate, w_up, w_down, self.impl)
         else:
             y = moe_parallel.experts_all_to_all(
                 x, routing, w_gate, w_up, w_down, num_experts=self.num_experts,
-                axis=expert_axis, ep=ep, capacity=capacity)
+                axis=expert_axis, ep=ep, capacity=capacity, impl=self.impl)
         return y, moe_ops.balance_stats(logits, routing)
 
     def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -81,7 +83,7 @@ class MoEFeedForward(nnx.Module):
         weights = (self.router[...].astype(jnp.float32), cast(self.gate_proj, self.dtype),
                    cast(self.up_proj, self.dtype), cast(self.down_proj, self.dtype))
         plan = (moe_parallel.parallel_plan(tokens.shape[0], self.num_experts)
-                if self.impl == "ragged" else None)
+                if self.impl in moe_ops.GROUPED_IMPLS else None)
         if plan is None:
             y, stats = self._local(tokens, *weights)
         else:

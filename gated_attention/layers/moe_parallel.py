@@ -85,7 +85,7 @@ def _exchange(x: jax.Array, axis: str) -> jax.Array:
 
 def experts_all_to_all(x: jax.Array, routing: moe_ops.Routing, w_gate: jax.Array,
                        w_up: jax.Array, w_down: jax.Array, *, num_experts: int, axis: str,
-                       ep: int, capacity: int) -> jax.Array:
+                       ep: int, capacity: int, impl: str = "ragged") -> jax.Array:
     """The MoE FFN on this device's tokens; w_* hold this device's E / ep experts."""
     num_tokens, top_k = routing.experts.shape
     local_experts = num_experts // ep
@@ -107,7 +107,8 @@ def experts_all_to_all(x: jax.Array, routing: moe_ops.Routing, w_gate: jax.Array
     received, received_ids = _exchange(send, axis), _exchange(send_ids, axis)
     # Compute: group the received rows by local expert (empty slots carry the sentinel id).
     local_order, local_sizes = moe_ops.sort_assignments(received_ids, local_experts)
-    out = moe_ops.grouped_swiglu(received[local_order], local_sizes, w_gate, w_up, w_down)
+    out = moe_ops.grouped_swiglu(received[local_order], local_sizes, w_gate, w_up, w_down,
+                                 impl)
     returned = _exchange(out[moe_ops.inverse_permutation(local_order)], axis)
     per_assignment = returned.at[slot].get(mode="fill", fill_value=0)
     return moe_ops.combine_slots(per_assignment[moe_ops.inverse_permutation(order)], routing)
