@@ -3,12 +3,14 @@
 Loss-spike rule (documented in docs/training.md): after warm-up, a step's loss is a spike
 when it exceeds `factor` x the EMA(decay) of all losses before it (factor 1.5, decay 0.9 by
 default; the paper smooths its loss curves with the same EMA of 0.9). The EMA starts at the
-first loss and is updated with every loss, spikes included.
+first loss and is updated with every finite loss, spikes included (the same rule as
+gated_attention.analysis.stability).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
 from collections.abc import Mapping
@@ -21,6 +23,8 @@ class SpikeDetector:
         self.ema: float | None = None
 
     def update(self, step: int, loss: float) -> bool:
+        if not math.isfinite(loss):  # divergence, not a spike; it never enters the EMA
+            return False
         spike = (self.ema is not None and step >= self.warmup_steps
                  and loss > self.factor * self.ema)
         self.ema = loss if self.ema is None else self.decay * self.ema + (1 - self.decay) * loss
@@ -69,7 +73,7 @@ class MetricsWriter:
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         for name, value in values.items():
-            if isinstance(value, (int, float, bool)) and value is not None:
+            if isinstance(value, (int, float, bool)) and math.isfinite(value):
                 self._tb.add_scalar(f"{kind}/{name}", float(value), int(step))
 
     def flush(self) -> None:

@@ -134,7 +134,7 @@ def make_train_step(graphdef: nnx.GraphDef, config: Any,
         params = state["params"]
         (loss, info), grads = gradients(params, batch)
         updates, opt_state = tx.update(grads, state["opt_state"], params)
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
                    "lr": schedule(state["step"]), **info}
         new_state = {"params": optax.apply_updates(params, updates), "opt_state": opt_state,
                      "step": state["step"] + 1}
@@ -204,10 +204,12 @@ def _replay_spikes(detector: metrics_lib.SpikeDetector, path: pathlib.Path, upto
 
 
 def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False,
-        progress: bool = True, stop_after: int | None = None) -> dict[str, Any]:
+        progress: bool = True, stop_after: int | None = None,
+        devices: list[Any] | None = None) -> dict[str, Any]:
     """Train (or resume) the run in `workdir`; returns the last train and eval metrics.
 
     stop_after: leave the loop after that many steps, as if killed (tests use it).
+    devices: the devices of the mesh (default: all).
     """
     from gated_attention import data as data_lib
 
@@ -215,7 +217,7 @@ def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False
     primary = jax.process_index() == 0
     workdir = pathlib.Path(workdir)
     workdir_lib.prepare(workdir, config, overwrite=overwrite, is_primary=primary)
-    mesh = sharding.create_mesh(config.mesh)
+    mesh = sharding.create_mesh(config.mesh, devices)
     rules = _rules(config)
     check_batch_layout(config, mesh, rules)
     train_cfg = config.train

@@ -53,15 +53,25 @@ def to_model_batch(packed: dict[str, np.ndarray]) -> Batch:
     }
 
 
-def pack_and_batch(chunks: grain.IterDataset, seq_len: int, batch_size: int, *, seed: int,
-                   shuffle_bins: bool) -> grain.IterDataset:
-    """Chunks (1-D int32 arrays of <= seq_len + 1 tokens) -> batches of the model format."""
+def pack_rows(chunks: grain.IterDataset, seq_len: int, batch_size: int, *, seed: int,
+              shuffle_bins: bool, drop_remainder: bool = True) -> grain.IterDataset:
+    """Chunks -> batches of packed rows {tokens, tokens_segment_ids, tokens_positions}.
+
+    A finite stream's last, partial batch is dropped unless drop_remainder=False.
+    """
     import grain.experimental as ge
 
     rows = ge.FirstFitPackIterDataset(
         chunks.map(lambda c: {"tokens": c}), length_struct={"tokens": seq_len + 1},
         num_packing_bins=batch_size, seed=seed, shuffle_bins=shuffle_bins)
-    return rows.batch(batch_size, drop_remainder=True).map(to_model_batch)
+    return rows.batch(batch_size, drop_remainder=drop_remainder)
+
+
+def pack_and_batch(chunks: grain.IterDataset, seq_len: int, batch_size: int, *, seed: int,
+                   shuffle_bins: bool) -> grain.IterDataset:
+    """Chunks (1-D int32 arrays of <= seq_len + 1 tokens) -> batches of the model format."""
+    return pack_rows(chunks, seq_len, batch_size, seed=seed,
+                     shuffle_bins=shuffle_bins).map(to_model_batch)
 
 
 def single_segment_batch(rows: np.ndarray) -> Batch:

@@ -1,0 +1,220 @@
+"""`make demo`: the paper's baseline and its G1 elementwise gate, side by side, in minutes.
+
+    python -m gated_attention.demo --workdir=runs/demo [--steps=N] [--overwrite]
+
+Trains `tiny` baseline and `tiny` g1_sdpa_elementwise for the same steps and seed on the
+embedded CPython corpus (on a CPU with two or more cores, both at once, one core each),
+measures both on held-out text with gated_attention.analysis.stats, and writes
+`<workdir>/report.md` with a table and PNG plots. Running it again reuses finished runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from typing import Any
+
+from absl import app, flags, logging
+
+VARIANTS = ("baseline", "g1_sdpa_elementwise")
+flags.DEFINE_string("workdir", "runs/demo", "Where the two runs and the report go.")
+flags.DEFINE_integer("steps", 300, "Training steps for each model.")
+flags.DEFINE_integer("batch_size", 16, "Sequences per step.")
+flags.DEFINE_integer("seq_len", 128, "Tokens per sequence.")
+flags.DEFINE_float("peak_lr", 3e-3, "Peak learning rate.")
+flags.DEFINE_bool("parallel", None, "Train both models at once (default: on a CPU with >= 2 "
+                  "cores).")
+flags.DEFINE_bool("overwrite", False, "Move old runs with other settings aside and retrain.")
+FLAGS = flags.FLAGS
+
+
+def demo_overrides(steps: int, batch_size: int, seq_len: int, peak_lr: float) -> dict[str, Any]:
+    """Flags (and config values) shared by both runs."""
+    return {
+        "train.steps": steps, "train.batch_size": batch_size, "data.seq_len": seq_len,
+        "train.eval_every": steps, "train.checkpoint_every": steps, "train.log_every": 10,
+        "train.eval_batches": 8, "data.add_bos": True, "optimizer.peak_lr": peak_lr,
+        "optimizer.warmup_steps": max(1, steps // 10), "optimizer.final_lr": peak_lr / 10,
+    }
+
+
+def demo_config(variant: str, overrides: dict[str, Any]):
+    from gated_attention import config_lib
+
+    config = config_lib.base_config("tiny", variant)
+    for key, value in overrides.items():
+        section, field = key.split(".")
+        config[section][field] = value
+    return config
+
+
+def train_both(workdir: pathlib.Path, overrides: dict[str, Any], parallel: bool,
+               overwrite: bool) -> None:
+    """One `gated_attention.main` process per variant (one core each when in parallel)."""
+    env = dict(os.environ)
+    if parallel:
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
+                            "intra_op_parallelism_threads=1").strip()
+    commands = []
+    for variant in VARIANTS:
+        cmd = [sys.executable, "-m", "gated_attention.main",
+               f"--config=configs/ablation.py:arch=tiny,variant={variant}",
+               f"--workdir={workdir / variant}", f"--progress={not parallel}"]
+        cmd += [f"--config.{k}={v}" for k, v in overrides.items()]
+        if overwrite:
+            cmd.append("--overwrite")
+        commands.append(cmd)
+    root = pathlib.Path(__file__).resolve().parent.parent
+    if parallel:
+        procs = [subprocess.Popen(c, env=env, cwd=root) for c in commands]
+        codes = [p.wait() for p in procs]
+    else:
+        codes = [subprocess.call(c, env=env, cwd=root) for c in commands]
+    if any(codes):
+        raise SystemExit(f"training failed (exit codes {codes}); see the messages above")
+
+
+def _train_series(run_dir: pathlib.Path) -> list[tuple[int, float]]:
+    from gated_attention.metrics_writer import read_jsonl
+
+    return [(r["step"], r["loss"]) for r in read_jsonl(run_dir / "metrics.jsonl")
+            if r.get("kind") == "train"]
+
+
+def analyse(workdir: pathlib.Path, overrides: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """model_statistics of each trained model on the same held-out rows."""
+    from gated_attention import train
+    from gated_attention.analysis.stats import model_statistics
+    from gated_attention.data import pipeline
+
+    config = demo_config(VARIANTS[0], overrides)
+    local = pipeline.load_local_data(config.data, config.model.vocab_size,
+                                     workdir / VARIANTS[0])
+    batches = pipeline.analysis_batches(local, config.data, 16, 4)
+    results = {}
+    for variant in VARIANTS:
+        model, run_config = train.load_params(workdir / variant)
+        stats = model_statistics(model, batches, exclude_first_query=True)
+        summary = json.loads((workdir / variant / "summary.json").read_text())
+        stats["heldout_loss"] = summary["eval"]["loss"]
+        stats["heldout_perplexity"] = summary["eval"]["perplexity"]
+        stats["tokens_per_sec"] = summary["train"].get("tokens_per_sec")
+        results[variant] = stats
+    (workdir / "stats.json").write_text(json.dumps(results, indent=1) + "\n")
+    return results
+
+
+def write_report(workdir: pathlib.Path, results: dict[str, dict[str, Any]],
+                 overrides: dict[str, Any], seconds: float) -> pathlib.Path:
+    from gated_attention.analysis import plots
+
+    series = {v: _train_series(workdir / v) for v in VARIANTS}
+    plots.plot_loss_curves(series, workdir / "loss_curves.png")
+    plots.plot_per_layer({v: r["first_token_attention_per_layer"] for v, r in results.items()},
+                         workdir / "first_token_attention.png", "attention on token 0",
+                         "first-token attention per layer (query 0 excluded)")
+    plots.plot_per_layer({v: r["max_activation_per_layer"]["resid_after_ffn"]
+                          for v, r in results.items()}, workdir / "max_activation.png",
+                         "max |layer output|", "massive activation per layer", log=True)
+    base, gated = results[VARIANTS[0]], results[VARIANTS[1]]
+    seq_len = overrides["data.seq_len"]
+    uniform = sum(1.0 / i for i in range(2, seq_len + 1)) / (seq_len - 1)
+
+    def row(name: str, key: str, fmt: str) -> str:
+        values = [r.get(key) for r in (base, gated)]
+        cells = ["-" if v is None else format(v, fmt) for v in values]
+        return f"| {name} | {cells[0]} | {cells[1]} |"
+
+    tokens = overrides["train.steps"] * overrides["train.batch_size"] * seq_len
+    m_ratio = base["massive_activation"] / max(gated["massive_activation"], 1e-9)
+    sink_formed = base["first_token_attention"] > 2 * uniform
+    lines = [
+        "# Gated attention demo: baseline vs G1 elementwise gate",
+        "",
+        f"`tiny` (4 layers, d_model 128) trained {overrides['train.steps']} steps x "
+        f"{overrides['train.batch_size']} x {seq_len} tokens ({tokens / 1e6:.2f}M tokens) on "
+        "the CPython docs corpus, same seed and data order; each sequence starts with BOS. "
+        f"Measured on held-out text (query 0 excluded from F-Attn). Wall time {seconds:.0f} s.",
+        "",
+        "| metric | baseline | G1 elementwise |",
+        "|---|---|---|",
+        row("held-out loss", "heldout_loss", ".4f"),
+        row("held-out perplexity", "heldout_perplexity", ".2f"),
+        row("first-token attention (F-Attn)", "first_token_attention", ".4f"),
+        row("massive activation (M-Act, mean over layers of max abs output)",
+            "massive_activation", ".2f"),
+        row("mean gate score", "gate_score_mean", ".3f"),
+        "",
+        f"Uniform causal attention would put about {uniform:.4f} on token 0 at this length.",
+        "",
+        "![loss curves](loss_curves.png)",
+        "![first-token attention per layer](first_token_attention.png)",
+        "![max activation per layer](max_activation.png)",
+        "",
+        "## What this run can and cannot show",
+        "",
+        f"- Massive activations: the gated model's are {m_ratio:.2f}x smaller than the "
+        "baseline's. This effect appears within minutes of training (anchors: 1.7-3.6x at a "
+        "few million tokens) and grows with training.",
+        f"- Gate scores start at 0.5 (sigmoid of ~0) and fall slowly; here the mean is "
+        f"{gated['gate_score_mean']:.3f} (the paper's fully trained value is 0.116).",
+        "- Attention sink: " + (
+            f"the baseline puts {base['first_token_attention']:.3f} on token 0, above uniform "
+            f"({uniform:.3f}); the gate's {gated['first_token_attention']:.3f} is to be read "
+            "against it." if sink_formed else
+            f"the baseline puts {base['first_token_attention']:.3f} on token 0, not clearly "
+            f"above uniform ({uniform:.3f}): no sink has formed yet, so this run cannot show "
+            "the gate removing one (the paper's 0.467 -> 0.048 needs far more training)."),
+        "- Perplexity differences at this budget are within seed noise; compare over seeds "
+        "and longer runs.",
+        "",
+        "A longer run (about 1 hour on a CPU, minutes on a GPU), on the larger local corpus:",
+        "",
+        "```",
+        "python -m gated_attention.demo --workdir=runs/demo_long --steps=5000 --seq_len=256",
+        "# or one model at a time, any config field overridable:",
+        "python -m gated_attention.main --config=configs/ablation.py:arch=tiny,"
+        "variant=g1_sdpa_elementwise \\",
+        "    --workdir=runs/g1_long --config.data.source=python_source "
+        "--config.train.steps=20000 --config.data.add_bos=True",
+        "```",
+        "",
+    ]
+    path = workdir / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    start = time.perf_counter()
+    workdir = pathlib.Path(FLAGS.workdir).absolute()
+    workdir.mkdir(parents=True, exist_ok=True)
+    overrides = demo_overrides(FLAGS.steps, FLAGS.batch_size, FLAGS.seq_len, FLAGS.peak_lr)
+    import jax
+
+    from gated_attention.data import pipeline
+
+    parallel = FLAGS.parallel
+    if parallel is None:
+        parallel = jax.default_backend() == "cpu" and (os.cpu_count() or 1) >= 2
+    # Collect the corpus and train the tokenizer once, before the two runs share the cache.
+    config = demo_config(VARIANTS[0], overrides)
+    print("Preparing the CPython docs corpus and its tokenizer ...", flush=True)
+    pipeline.load_local_data(config.data, config.model.vocab_size)
+    print(f"Training {' and '.join(VARIANTS)} for {FLAGS.steps} steps"
+          f"{' in parallel' if parallel else ''} ...", flush=True)
+    train_both(workdir, overrides, parallel, FLAGS.overwrite)
+    print("Measuring both models on held-out text ...", flush=True)
+    results = analyse(workdir, overrides)
+    report = write_report(workdir, results, overrides, time.perf_counter() - start)
+    print(f"Report: {report}")
+
+
+if __name__ == "__main__":
+    app.run(main)
