@@ -2,11 +2,11 @@
 
 import collections
 import json
+from pydoc_data.topics import topics
 
 import grain
 import numpy as np
 import pytest
-from pydoc_data.topics import topics
 
 from gated_attention import config_lib
 from gated_attention.data import corpus, packing, pipeline, tokenizer

@@ -1,11 +1,11 @@
 """Training end to end on CPU: resume is bit-identical, loss falls, workdirs are protected."""
 
 import json
+from pydoc_data.topics import topics
 
 import jax
 import numpy as np
 import pytest
-from pydoc_data.topics import topics
 
 from gated_attention import config_lib, train, workdir
 from gated_attention.metrics_writer import SpikeDetector, read_jsonl
