@@ -104,6 +104,18 @@ def local_batch_rows(sharding: NamedSharding, global_batch_size: int) -> slice:
     return slice(lo, hi)
 
 
+def data_shard(sharding: NamedSharding, global_batch_size: int) -> tuple[int, int]:
+    """(shard index, shard count) for this process's input pipeline.
+
+    Processes holding the same rows (the batch replicated across them, e.g. tensor
+    parallelism across hosts) get the same index, so they read the same examples; splitting
+    the data by process_index / process_count would feed those replicas different rows.
+    """
+    rows = local_batch_rows(sharding, global_batch_size)
+    size = rows.stop - rows.start
+    return rows.start // size, global_batch_size // size
+
+
 def global_batch(local: Mapping[str, np.ndarray], sharding: NamedSharding,
                  global_batch_size: int) -> dict[str, jax.Array]:
     """Global [batch, ...] arrays from the rows this process loaded (see local_batch_rows)."""

@@ -126,6 +126,7 @@ def train_steps(config, steps: int, *, state=None, first_step: int = 0, devices=
     batch_sh = sharding.batch_sharding(mesh, sharding.rules_from_config(config.mesh))
     rows = distributed.local_batch_rows(batch_sh, GLOBAL_BATCH)
     train_steps.rows = (rows.start, rows.stop)
+    train_steps.shard = distributed.data_shard(batch_sh, GLOBAL_BATCH)
     losses = []
     for step in range(first_step, first_step + steps):
         batch = distributed.global_batch(synthetic_batch(step, rows), batch_sh, GLOBAL_BATCH)
@@ -153,7 +154,8 @@ def main() -> None:
     losses, _, _, mesh = train_steps(tiny_config(parse_mesh(args.mesh)), args.steps)
     print(json.dumps({"process": jax.process_index(), "processes": jax.process_count(),
                       "devices": jax.device_count(), "mesh": dict(mesh.shape),
-                      "rows": train_steps.rows, "losses": losses}), flush=True)
+                      "rows": train_steps.rows, "shard": train_steps.shard,
+                      "losses": losses}), flush=True)
     if args.num_processes > 1:
         jax.distributed.shutdown()
 

@@ -67,6 +67,7 @@ def test_two_processes_agree_with_one_process():
     assert results[0]["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2, "expert": 1}
     # Each host loaded only its half of the global batch.
     assert [r["rows"] for r in results] == [[0, 4], [4, 8]]
+    assert [r["shard"] for r in results] == [[0, 2], [1, 2]]
     for r in results:
         np.testing.assert_allclose(r["losses"], reference, rtol=1e-5)
     assert reference[-1] < reference[0]  # and it does train
