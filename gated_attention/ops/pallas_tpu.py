@@ -223,7 +223,7 @@ def _call(kernel, static: fc.Static, grid, in_specs, out_specs, out_shape, scrat
             scratch_shapes=scratch),
         out_shape=out_shape,
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
+            dimension_semantics=(pltpu.PARALLEL,) * 3 + (pltpu.ARBITRARY,)),
         interpret=pltpu.InterpretParams() if static.interpret else False,
         name=name,
     )
