@@ -40,7 +40,7 @@ class Case:
 
     @property
     def tol(self) -> float:
-        return 1e-5 if self.dtype == "float32" else 2e-2
+        return 1e-5 if self.dtype == "float32" else 1e-2
 
     def __str__(self) -> str:
         return (f"{self.normalizer}-{self.gate}-{self.activation}-seg{int(self.segments)}"

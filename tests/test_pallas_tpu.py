@@ -26,7 +26,7 @@ CASES = [
     Case("softmax_off_by_one", None, causal=False, heads=2, kv_heads=2, seq=29),
 ]
 FORWARD_ONLY = [
-    Case("softpick", "headwise", "identity", head_dim=256, seq=20, heads=2, kv_heads=2,
+    Case("softmax", "elementwise", "identity", head_dim=256, seq=20, heads=2, kv_heads=2,
          grads=False),
 ]
 
