@@ -54,9 +54,10 @@ def benchmark(arch: str, variant: str, args: argparse.Namespace) -> dict[str, fl
     shape = (args.batch, args.seq_len)
     batch = {"inputs": rng.integers(3, cfg.vocab_size, shape, dtype=np.int32),
              "targets": rng.integers(3, cfg.vocab_size, shape, dtype=np.int32),
-             "segment_ids": np.ones(shape, np.int32),
-             "positions": np.broadcast_to(np.arange(args.seq_len, dtype=np.int32), shape),
              "mask": np.ones(shape, np.int32)}
+    if args.packed:  # segment ids rule out cuDNN attention on a GPU (no segment-ids argument)
+        batch["segment_ids"] = np.ones(shape, np.int32)
+        batch["positions"] = np.broadcast_to(np.arange(args.seq_len, dtype=np.int32), shape)
     batch = train.to_global(batch, sharding.batch_sharding(mesh))
     for _ in range(args.warmup):
         state, metrics = step(state, batch)
@@ -88,12 +89,15 @@ def main() -> None:
     parser.add_argument("--peak_tflops", type=float, default=None,
                         help="device peak for MFU (default: from the device kind)")
     parser.add_argument("--variants", default="baseline,g1_sdpa_elementwise")
+    parser.add_argument("--packed", action="store_true",
+                        help="pass segment ids and positions, as packed training batches do")
     args = parser.parse_args()
 
     peak = device_peak_tflops(args.peak_tflops)
     device = f"{jax.device_count()} x {jax.devices()[0].device_kind}"
     print(f"device: {device}; arch={args.arch} seq_len={args.seq_len} batch={args.batch} "
-          f"dtype={args.dtype} remat={args.remat}; median of {args.steps} steps")
+          f"dtype={args.dtype} remat={args.remat} packed={args.packed}; "
+          f"median of {args.steps} steps")
     rows = {v: benchmark(args.arch, v, args) for v in args.variants.split(",")}
     header = "| variant | params | step (ms) | tokens/s | model TFLOP/s | MFU |"
     print(header)

@@ -50,5 +50,16 @@ def main(argv: list[str]) -> None:
               f"perplexity {evaluation['perplexity']:.2f}. Run in {FLAGS.workdir}")
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl parsing, with config errors (unknown field, bad arch/variant) as one clear line."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as err:
+        sys.exit(f"Flag error: {err}\nPass --helpfull to see the flags.")
+    except (AttributeError, KeyError, TypeError, ValueError) as err:
+        message = str(err).strip("'\"").replace("\\n", " ").replace("\\'", "'")
+        sys.exit(f"Config error: {message}")
+
+
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -87,8 +87,9 @@ def _loss_fn(graphdef: nnx.GraphDef, config: Any) -> Callable[..., Any]:
 
     def loss_fn(params: nnx.State, batch: Mapping[str, jax.Array]):
         model = nnx.merge(graphdef, params)
-        logits, aux = model(batch["inputs"], positions=batch["positions"],
-                            segment_ids=batch["segment_ids"])
+        # Unpacked rows may leave out segment_ids / positions (then cuDNN attention applies).
+        logits, aux = model(batch["inputs"], positions=batch.get("positions"),
+                            segment_ids=batch.get("segment_ids"))
         loss, info = losses.cross_entropy(logits, batch["targets"], batch["mask"],
                                           z_loss=train.z_loss)
         for name, weight_field in MOE_LOSSES:
