@@ -305,8 +305,13 @@ def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False
         bar.close()
     ckpt.close()
     writer.close()
+    records = metrics_lib.read_jsonl(writer.path) if "loss" not in last or last_eval is None \
+        else []
+    if "loss" not in last:  # nothing trained now (the run was finished): report the log's end
+        trains = [r for r in records if r.get("kind") == "train"]
+        last = trains[-1] if trains else last
     if last_eval is None:
-        evals = [r for r in metrics_lib.read_jsonl(writer.path) if r.get("kind") == "eval"]
+        evals = [r for r in records if r.get("kind") == "eval"]
         last_eval = evals[-1] if evals else None
     summary = {"workdir": str(workdir), "steps": train_cfg.steps, "train": last,
                "eval": last_eval}
