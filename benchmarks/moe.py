@@ -4,7 +4,10 @@
     python benchmarks/moe.py --small     # small shape only, everywhere
 
 Rows per device and shape:
-- MoE ragged (this project's dropless layer: router, sort, `jax.lax.ragged_dot`, unsort);
+- MoE blocked (the dropless layer: router, sort, experts' rows padded to whole blocks,
+  batched matmuls, unsort);
+- MoE ragged_dot (the same with `jax.lax.ragged_dot`; XLA:CPU/GPU lower it densely, E times
+  the FLOPs and memory, so it runs only where E is small, or on TPU);
 - MoE dense reference (every expert on every token; only where E is small);
 - dense SwiGLU of width k*F: exactly the MoE's expert matmul FLOPs per token, as one
   ordinary FFN. Its tokens/s is the target a grouped-matmul MoE can approach.
@@ -96,7 +99,9 @@ def run_device(device: jax.Device, shapes: list[Shape], warmup: int, iters: int)
             x = jax.random.normal(jax.random.key(0), (1, shape.tokens, shape.d_model),
                                   jnp.dtype(shape.dtype))
             flops = 2 * 3 * shape.d_model * shape.expert_dim * shape.top_k * shape.tokens
-            layers = [("MoE ragged (dropless)", moe_layer(shape, "ragged"))]
+            layers = [("MoE blocked (dropless)", moe_layer(shape, "blocked"))]
+            if shape.experts <= DENSE_REFERENCE_MAX_EXPERTS or device.platform == "tpu":
+                layers.append(("MoE ragged_dot (dropless)", moe_layer(shape, "ragged")))
             if shape.experts <= DENSE_REFERENCE_MAX_EXPERTS:
                 layers.append(("MoE dense reference", moe_layer(shape, "dense")))
             layers.append((f"dense SwiGLU width k*F={shape.top_k * shape.expert_dim}",

@@ -30,13 +30,15 @@ ARCHS: dict[str, dict[str, Any]] = {
                            qk_norm=True),
     "moe_15a2b": dict(vocab_size=151_936, num_layers=24, d_model=2048, num_heads=32,
                       num_kv_heads=4, head_dim=128, mlp_dim=768, tied_embeddings=False,
-                      qk_norm=True, num_experts=128, experts_per_token=8, expert_mlp_dim=768),
+                      qk_norm=True, num_experts=128, experts_per_token=8, expert_mlp_dim=768,
+                      moe_impl="auto"),
     "tiny_moe": dict(vocab_size=1024, num_layers=4, d_model=128, num_heads=4, num_kv_heads=2,
                      head_dim=32, mlp_dim=128, tied_embeddings=False, qk_norm=True,
-                     num_experts=8, experts_per_token=2, expert_mlp_dim=128),
+                     num_experts=8, experts_per_token=2, expert_mlp_dim=128, moe_impl="auto"),
     "small_moe": dict(vocab_size=32_000, num_layers=12, d_model=768, num_heads=12,
                       num_kv_heads=6, head_dim=64, mlp_dim=512, tied_embeddings=False,
-                      qk_norm=True, num_experts=32, experts_per_token=4, expert_mlp_dim=512),
+                      qk_norm=True, num_experts=32, experts_per_token=4, expert_mlp_dim=512,
+                      moe_impl="auto"),
 }
 # Sequence length and dtype defaults per arch (the paper trains at 4096 in bf16).
 ARCH_RUN_DEFAULTS: dict[str, dict[str, Any]] = {

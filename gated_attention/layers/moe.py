@@ -16,7 +16,8 @@ Implementations (`model.moe_impl`): "ragged" sorts assignments by expert and run
 `jax.lax.ragged_dot` (no capacity padding; fast where XLA has a native grouped matmul, i.e.
 TPU); "blocked" sorts the same way and pads each expert's rows to whole blocks for ordinary
 batched matmuls (fast on CPU and GPU, where XLA lowers ragged_dot densely); "dense" runs
-every expert on every token (a reference). Under `jax.set_mesh(mesh)` the sorted paths run per
+every expert on every token (a reference); "auto" (the MoE archs' setting) picks ragged on
+TPU and blocked elsewhere. Under `jax.set_mesh(mesh)` the sorted paths run per
 device in `shard_map`, with experts split over the mesh axis the "expert" rule names and
 tokens exchanged by all-to-all (layers/moe_parallel.py); without a mesh it runs as is.
 """
@@ -49,7 +50,7 @@ class MoEFeedForward(nnx.Module):
         self.num_experts, self.top_k = cfg.experts
         self.renormalize = cfg.moe_renormalize
         self.capacity_factor = cfg.moe_capacity_factor
-        self.impl = cfg.moe_impl
+        self.impl = moe_ops.resolve_impl(cfg.moe_impl, jax.default_backend())
         self.dtype = cfg.compute_dtype
         E, D, F = self.num_experts, cfg.d_model, cfg.expert_mlp_dim
         # The router is used whole by every token, so it is not tagged "expert" (which

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-MOE_IMPLS = ("ragged", "blocked", "dense")
+MOE_IMPLS = ("auto", "ragged", "blocked", "dense")
 GROUPED_IMPLS = ("ragged", "blocked")
 MAX_BLOCK_ROWS = 256
 
@@ -40,6 +40,14 @@ class BalanceStats(NamedTuple):
     tokens: jax.Array    # [] number of tokens
     z_sum: jax.Array     # [] sum over tokens of logsumexp(router logits)^2
     dropped: jax.Array   # [] assignments dropped by capacity
+
+
+def resolve_impl(impl: str, platform: str) -> str:
+    """"auto" picks the grouped matmul that is fast on `platform`: ragged_dot on TPU (native),
+    blocked elsewhere (XLA:CPU and XLA:GPU lower ragged_dot to a dense masked matmul)."""
+    if impl != "auto":
+        return impl
+    return "ragged" if platform == "tpu" else "blocked"
 
 
 def route(logits: jax.Array, top_k: int, renormalize: bool) -> tuple[jax.Array, ...]:
