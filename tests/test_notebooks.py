@@ -29,7 +29,9 @@ RUNS = ("tiny-baseline-s0", "tiny-g1_sdpa_elementwise-s0")
 @pytest.fixture(scope="session")
 def tiny_grid(tmp_path_factory) -> pathlib.Path:
     root = tmp_path_factory.mktemp("grid") / "smoke"
-    argv = [str(REPO / "experiments/grids/smoke.py"), "--root", str(root), "--parallel", "2"]
+    argv = [str(REPO / "experiments/grids/smoke.py"), "--root", str(root), "--parallel", "2",
+            "--analyze_command", "{python} -m gated_attention.analyze --workdir={workdir} "
+                                 "--batches=2 --batch_size=4"]
     for item in SETTINGS:
         argv += ["--set", item]
     with pytest.MonkeyPatch.context() as mp:
