@@ -22,7 +22,7 @@ from absl import app, flags, logging
 
 VARIANTS = ("baseline", "g1_sdpa_elementwise")
 flags.DEFINE_string("workdir", "runs/demo", "Where the two runs and the report go.")
-flags.DEFINE_integer("steps", 150, "Training steps for each model.")
+flags.DEFINE_integer("steps", 100, "Training steps for each model.")
 flags.DEFINE_integer("batch_size", 16, "Sequences per step.")
 flags.DEFINE_integer("seq_len", 128, "Tokens per sequence.")
 flags.DEFINE_float("peak_lr", 3e-3, "Peak learning rate.")
