@@ -1,12 +1,11 @@
 """Every gate position and axis of the attention layer against the numpy formula (SPEC.md)."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy_reference as ref
 import pytest
 from flax import nnx
 
-import numpy_reference as ref
 from gated_attention.layers.attention import Attention
 from gated_attention.model_config import ModelConfig
 from gated_attention.variants import VARIANTS
@@ -64,7 +63,7 @@ def test_head_shared_gate_is_mean_of_head_logits():
 
 
 def test_gate_parameter_shapes_follow_score_shapes():
-    """Score shapes of SPEC.md: G1 n x q x d_k, G2/G3 n x k x d_k, G5 n x d_model, headwise n x q."""
+    """Score shapes of SPEC.md: G1 n x q x d_k, G2/G3 n x k x d_k, G5 n x D, headwise n x q."""
     shapes = {}
     for name in ("g1_sdpa_elementwise", "g2_value_elementwise", "g3_key_elementwise",
                  "g4_query_elementwise", "g5_dense_output", "g1_sdpa_headwise",

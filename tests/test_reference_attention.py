@@ -3,9 +3,9 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy_reference as ref
 import pytest
 
-import numpy_reference as ref
 from gated_attention import ops
 from gated_attention.ops import reference
 
