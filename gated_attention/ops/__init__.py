@@ -135,10 +135,15 @@ def attention(
 
         return cudnn.attention(q, k, v, **kwargs)
     if impl == "pallas_gpu":
-        from gated_attention.ops import pallas_gpu
+        from gated_attention.ops import pallas_gpu as pallas
+    else:
+        from gated_attention.ops import pallas_tpu as pallas
+    from gated_attention.sharding import shard_map_attention
 
-        return pallas_gpu.attention(q, k, v, interpret=interpret, block_sizes=block_sizes,
-                                    **kwargs)
-    from gated_attention.ops import pallas_tpu
+    def kernel(q, k, v, **optional):
+        return pallas.attention(q, k, v, interpret=interpret, block_sizes=block_sizes,
+                                gate_activation=gate_activation, causal=causal,
+                                normalizer=normalizer, **optional)
 
-    return pallas_tpu.attention(q, k, v, interpret=interpret, block_sizes=block_sizes, **kwargs)
+    optional = dict(gate=gate, segment_ids=segment_ids, sink_logits=sink_logits)
+    return shard_map_attention(kernel, q, k, v, optional)
