@@ -115,3 +115,33 @@ def test_spike_rule():
     detector = SpikeDetector(factor=1.5, decay=0.9, warmup_steps=0)
     assert [detector.update(s, x) for s, x in enumerate([2.0, 2.0, 3.1, 2.0])] == [
         False, False, True, False]
+
+
+def test_gradient_accumulation_matches_one_big_batch(straight):
+    """k micro-batches averaged in a scan = one batch (equal token counts per micro-batch).
+
+    The accum=1 step is the fixture's run's step, so it comes from the compilation cache.
+    """
+    from gated_attention import sharding
+
+    root, _, _ = straight
+    mesh = sharding.create_mesh({"data": -1}, devices=jax.devices()[:1])
+    rng = np.random.default_rng(0)
+    batch = {"inputs": rng.integers(3, 260, (8, 32), dtype=np.int32),
+             "targets": rng.integers(3, 260, (8, 32), dtype=np.int32),
+             "segment_ids": np.ones((8, 32), np.int32),
+             "positions": np.tile(np.arange(32, dtype=np.int32), (8, 1)),
+             "mask": np.ones((8, 32), np.int32)}
+    results = []
+    for accum in (1, 4):
+        config = mini_config(root, grad_accum=accum)
+        graphdef, state, shardings = train.create_train_state(config, mesh)
+        step = train.jit_train_step(train.make_train_step(graphdef, config), mesh, shardings)
+        state, metrics = step(state, batch)
+        results.append((jax.tree.leaves(state["params"]), metrics))
+    (p1, m1), (p4, m4) = results
+    np.testing.assert_allclose(float(m4["loss"]), float(m1["loss"]), rtol=1e-5)
+    np.testing.assert_allclose(float(m4["grad_norm"]), float(m1["grad_norm"]), rtol=1e-4)
+    assert float(m4["tokens"]) == float(m1["tokens"]) == 8 * 32
+    for a, b in zip(p1, p4, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
