@@ -1,33 +1,50 @@
 # Two commands do the whole set-up on a fresh machine: `make demo` and `make test`.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-PIP_QUIET := -q --disable-pip-version-check
-STAMP := $(VENV)/.installed-$(shell cat setup.cfg pyproject.toml | cksum | cut -d' ' -f1)
+PIP := $(PY) -m pip install -q --disable-pip-version-check
+# pip's site config prints one harmless "Location ... is ignored" warning per package.
+QUIET_PIP := { grep -vE '^WARNING: Location|^ *$$' || true; }
+HASH := $(shell cat setup.cfg pyproject.toml | cksum | cut -d' ' -f1)
+CORE_STAMP := $(VENV)/.core-$(HASH)
+TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: install demo test lint bench clean-venv
+.PHONY: install install-test demo test lint bench clean-venv
 
-$(STAMP): setup.cfg pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install $(PIP_QUIET) --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-	$(PY) -m pip install $(PIP_QUIET) -e '.[test,seqio]' 2>&1 | grep -vE "^WARNING: Location|^ *$$" || true
-	$(PY) -c "import gated_attention, jax, flax, optax, grain, pytest" 
-	rm -f $(VENV)/.installed-* && touch $@
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) --upgrade pip 2>&1 | $(QUIET_PIP)
 
-install: $(STAMP)
+# The core (what `make demo` needs): jax, flax, optax, orbax, grain, sentencepiece, ...
+$(CORE_STAMP): setup.cfg pyproject.toml | $(VENV)/bin/python
+	$(PIP) -e . 2>&1 | $(QUIET_PIP)
+	$(PY) -c "import gated_attention, jax, flax, optax, orbax.checkpoint, grain, sentencepiece"
+	rm -f $(VENV)/.core-* && touch $@
 
-demo: $(STAMP)
+# Tests also need pytest, ruff, nbclient, shellcheck and the optional seqio/tensorflow stack.
+$(TEST_STAMP): $(CORE_STAMP)
+	$(PIP) -e '.[test,seqio]' 2>&1 | $(QUIET_PIP)
+	$(PY) -c "import pytest, xdist, nbclient, seqio, tensorflow_datasets"
+	rm -f $(VENV)/.test-* && touch $@
+
+install: $(CORE_STAMP)
+install-test: $(TEST_STAMP)
+
+demo: $(CORE_STAMP)
 	$(PY) -m gated_attention.demo --workdir=runs/demo
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP) lint
+test: $(TEST_STAMP) lint
 	$(PY) -m pytest -q -n 2 --dist=loadfile tests
 
-bench: $(STAMP)
+bench: $(CORE_STAMP)
 	$(PY) benchmarks/train_step.py
 	$(PY) benchmarks/attention.py
+	$(PY) benchmarks/moe.py
 
 clean-venv:
 	rm -rf $(VENV)
