@@ -1,6 +1,6 @@
 """Training metrics: `metrics.jsonl` (one JSON object per step) and TensorBoard events.
 
-Loss-spike rule (documented in the README, "Metrics, evaluation, checkpoints"): after warm-up, a step's loss is a spike
+Loss-spike rule (README, "Metrics, evaluation, checkpoints"): after warm-up, a loss is a spike
 when it exceeds `factor` x the EMA(decay) of all losses before it (factor 1.5, decay 0.9 by
 default; the paper smooths its loss curves with the same EMA of 0.9). The EMA starts at the
 first loss and is updated with every finite loss, spikes included (the same rule as

@@ -15,6 +15,7 @@ from flash_cases import Case
 
 from gated_attention import ops
 from gated_attention.ops import pallas_gpu
+from gated_attention.ops.block_sizes import block_sizes_for
 
 CASES = [
     # GQA 4, odd length, two to four segments per row, elementwise sigmoid gate.
@@ -62,7 +63,7 @@ def test_lowers_to_triton(head_dim: int):
     def loss(q, k, v, gate, seg, sink):
         static = pallas_gpu._static(q, k, gate, "sigmoid", seg, True, "learned_sink", False,
                                     None)
-        sizes = pallas_gpu.block_sizes_for(head_dim, None, kind="h200")
+        sizes = block_sizes_for(head_dim, None, kind="h200")
         static = dataclasses.replace(static, interpret=False, sizes=tuple(sorted(sizes.items())))
         out = pallas_gpu._flash(static, q, k, v, seg, gate, sink)
         return jnp.sum(out.astype(jnp.float32))

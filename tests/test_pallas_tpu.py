@@ -16,6 +16,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from gated_attention import ops
 from gated_attention.ops import pallas_tpu
+from gated_attention.ops.block_sizes import block_sizes_for
 
 CASES = [
     # GQA 4, odd length, segments, learned sink (and its gradient), elementwise ns_sigmoid gate.
@@ -61,7 +62,7 @@ def test_lowers_to_mosaic(head_dim: int):
     def loss(q, k, v, gate, seg, sink):
         static = pallas_tpu._static(q, k, gate, "sigmoid", seg, True, "learned_sink", False,
                                     None)
-        sizes = pallas_tpu.block_sizes_for(head_dim, None, kind="tpu")
+        sizes = block_sizes_for(head_dim, None, kind="tpu")
         static = dataclasses.replace(static, interpret=False, sizes=tuple(sorted(sizes.items())))
         out = pallas_tpu._flash(static, q, k, v, seg, gate, sink)
         return jnp.sum(out.astype(jnp.float32))

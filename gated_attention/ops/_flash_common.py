@@ -335,3 +335,33 @@ def make_flash_attention(forward, backward):
 def resolve_interpret(interpret: bool | None) -> bool:
     """Kernels run in Pallas interpret mode when asked, and always on a CPU backend."""
     return bool(interpret) or jax.default_backend() == "cpu"
+
+
+def build_static(name: str, min_block: int, padded_dim: int, q: jax.Array, k: jax.Array,
+                 gate: jax.Array | None, gate_activation: str, segment_ids: jax.Array | None,
+                 causal: bool, normalizer: str, interpret: bool | None,
+                 block_sizes: dict[str, int] | None) -> Static:
+    """The static description of one kernel call: problem shape, tile sizes, interpret mode.
+
+    Tile sizes come from ops/block_sizes.py (overridable) and are fitted to the length; each
+    must be at least the kernel's `min_block`. The length is padded to the largest tile.
+    """
+    from gated_attention.ops.block_sizes import block_sizes_for, fit_to_length
+
+    b, s, h, d = q.shape
+    interpret = resolve_interpret(interpret)
+    kind = "cpu" if interpret and jax.default_backend() == "cpu" else None
+    sizes = fit_to_length(block_sizes_for(d, block_sizes, kind=kind), s, min_block)
+    for key in ("block_q", "block_kv", "block_q_dq", "block_kv_dq", "block_q_dkv",
+                "block_kv_dkv"):
+        if sizes[key] < min_block:
+            raise ValueError(f"block_sizes[{key!r}]={sizes[key]} must be >= {min_block} for "
+                             f"impl={name!r}")
+    multiple = max(v for key, v in sizes.items() if key.startswith("block"))
+    problem = Problem(
+        batch=b, seq=s, padded=round_up(s, multiple), heads=h, kv_heads=k.shape[2],
+        head_dim=d, padded_dim=padded_dim, causal=causal,
+        normalizer=normalizer, gate_kind=gate_kind(gate, q),
+        gate_activation=gate_activation, has_segments=segment_ids is not None,
+    )
+    return Static(problem, tuple(sorted(sizes.items())), interpret)

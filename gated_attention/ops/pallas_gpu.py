@@ -21,7 +21,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from gated_attention.ops import _flash_common as fc
-from gated_attention.ops.block_sizes import block_sizes_for, fit_to_length
 
 NAME = "pallas_gpu"
 MIN_BLOCK = 16  # tl.dot needs every tile dimension >= 16
@@ -300,20 +299,6 @@ def attention(
 
 def _static(q, k, gate, gate_activation, segment_ids, causal, normalizer, interpret,
             block_sizes) -> fc.Static:
-    b, s, h, d = q.shape
-    interpret = fc.resolve_interpret(interpret)
-    kind = "cpu" if interpret and jax.default_backend() == "cpu" else None
-    sizes = fit_to_length(block_sizes_for(d, block_sizes, kind=kind), s, MIN_BLOCK)
-    for key in ("block_q", "block_kv", "block_q_dq", "block_kv_dq", "block_q_dkv",
-                "block_kv_dkv"):
-        if sizes[key] < MIN_BLOCK:
-            raise ValueError(f"block_sizes[{key!r}]={sizes[key]} must be >= {MIN_BLOCK} for "
-                             f"impl={NAME!r}")
-    multiple = max(v for key, v in sizes.items() if key.startswith("block"))
-    problem = fc.Problem(
-        batch=b, seq=s, padded=fc.round_up(s, multiple), heads=h, kv_heads=k.shape[2],
-        head_dim=d, padded_dim=max(MIN_BLOCK, fc.next_pow2(d)), causal=causal,
-        normalizer=normalizer, gate_kind=fc.gate_kind(gate, q),
-        gate_activation=gate_activation, has_segments=segment_ids is not None,
-    )
-    return fc.Static(problem, tuple(sorted(sizes.items())), interpret)
+    padded_dim = max(MIN_BLOCK, fc.next_pow2(q.shape[-1]))
+    return fc.build_static(NAME, MIN_BLOCK, padded_dim, q, k, gate, gate_activation,
+                           segment_ids, causal, normalizer, interpret, block_sizes)
