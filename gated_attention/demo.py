@@ -172,11 +172,11 @@ def write_report(workdir: pathlib.Path, results: dict[str, dict[str, Any]],
         "- Perplexity differences at this budget are within seed noise; compare over seeds "
         "and longer runs.",
         "",
-        "A longer run (about 1 hour on a CPU, minutes on a GPU), on the larger local corpus:",
+        "A longer run (about 1 hour on a CPU, minutes on a GPU):",
         "",
         "```",
         "python -m gated_attention.demo --workdir=runs/demo_long --steps=5000 --seq_len=256",
-        "# or one model at a time, any config field overridable:",
+        "# or one model at a time on the larger local corpus (any config field overridable):",
         "python -m gated_attention.main --config=configs/ablation.py:arch=tiny,"
         "variant=g1_sdpa_elementwise \\",
         "    --workdir=runs/g1_long --config.data.source=python_source "
