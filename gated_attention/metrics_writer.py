@@ -38,10 +38,22 @@ class SpikeDetector:
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Records of a metrics.jsonl file (one JSON object a line, blank lines skipped); [] if absent.
+
+    A line that is not JSON is an error naming the file and line, never silently dropped.
+    """
     path = pathlib.Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number} is not JSON ({err.msg})") from None
+    return records
 
 
 class MetricsWriter:

@@ -1,7 +1,8 @@
 """Training stability from metrics.jsonl: EMA-smoothed curves, loss spikes, divergence.
 
-Loss-spike rule (LOSS_SPIKE_RULE; the same rule as the `loss_spike` flag train.py logs with
-metrics_writer.SpikeDetector and config.train.spike_factor / spike_ema): a step is a spike
+Loss-spike rule (LOSS_SPIKE_RULE; one implementation, metrics_writer.SpikeDetector, serves both
+this report and the `loss_spike` flag train.py logs with config.train.spike_factor /
+spike_ema): a step is a spike
 when its loss exceeds SPIKE_FACTOR (1.5) x the EMA (decay 0.9) of the *previous* losses, once
 the step is past the warm-up (the optimizer's warm-up steps). The EMA starts at the first
 finite loss and every finite loss (spike or not) updates it; non-finite losses never do (they
@@ -17,12 +18,12 @@ smoothing slider is (so the first points are not pulled towards 0).
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from gated_attention.metrics_writer import SpikeDetector, read_jsonl
 
 SPIKE_FACTOR = 1.5
 EMA_DECAY = 0.9
@@ -33,18 +34,10 @@ LOSS_SPIKE_RULE = (f"loss > {SPIKE_FACTOR} x EMA({EMA_DECAY}) of previous losses
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Records of a metrics.jsonl file (one JSON object a line; blank lines skipped)."""
-    records = []
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number} is not JSON ({err.msg})") from None
-    return records
+    """Records of a run's metrics.jsonl (the training loop's own reader); the file must exist."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no metrics.jsonl here")
+    return read_jsonl(path)
 
 
 def loss_series(records: Iterable[Mapping[str, Any]], key: str = "loss"
@@ -71,25 +64,6 @@ def ema_smooth(values: Sequence[float], decay: float = EMA_DECAY) -> list[float]
         weight = decay * weight + (1.0 - decay)
         out.append(last / weight)
     return out
-
-
-@dataclasses.dataclass
-class SpikeDetector:
-    """Streaming form of the loss-spike rule, usable inside a training loop."""
-
-    factor: float = SPIKE_FACTOR
-    decay: float = EMA_DECAY
-    warmup_steps: int = SPIKE_WARMUP_STEPS
-    ema: float | None = None
-
-    def update(self, step: int, loss: float) -> bool:
-        """True when `loss` at `step` is a spike against the EMA of the losses before it."""
-        if not math.isfinite(loss):
-            return False
-        spike = (self.ema is not None and step >= self.warmup_steps
-                 and loss > self.factor * self.ema)
-        self.ema = loss if self.ema is None else self.decay * self.ema + (1 - self.decay) * loss
-        return spike
 
 
 def stability_report(series: Sequence[tuple[int, float]], *,
