@@ -1,6 +1,6 @@
 """Summarise a grid: our numbers beside the paper's, and how the variants rank.
 
-    python -m experiments.summarize runs/table1
+    python -m experiments.summarize runs/table1        # or gs://bucket/grids/table1
 
 Reads `<root>/runs.json` and each run's `analysis/analysis.json` (written by
 gated_attention.analyze) and `_status/<run>.json`, and writes `<root>/summary.md`,
@@ -9,24 +9,27 @@ run). Paper numbers come from experiments/paper_tables.json: PPL (and +Param) fr
 own table, gate score / M-Act / F-Attn from Table 4 where the variant is one of its rows.
 Rankings order groups by each metric (lower is better for all four) and, with at least three
 groups that have a paper value, give Spearman's rank correlation with the paper's order.
+The root may be local or a bucket: every path is an etils.epath (gated_attention.paths).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import math
-import pathlib
 import re
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from etils import epath
 from scipy import stats as scipy_stats
 
 from experiments import grid_lib
+from gated_attention import paths
 
 METRICS = (  # (our key, paper key, column title)
     ("ppl", "avg_ppl", "PPL"),
@@ -37,11 +40,11 @@ METRICS = (  # (our key, paper key, column title)
 TABLE4 = "table4_sink_and_activation"
 
 
-def _load_json(path: pathlib.Path) -> dict[str, Any] | None:
+def _load_json(path: epath.Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def discover_runs(root: pathlib.Path) -> dict[str, dict[str, Any]]:
+def discover_runs(root: epath.Path) -> dict[str, dict[str, Any]]:
     """Run definitions from runs.json, plus any run directory it does not list."""
     manifest = _load_json(root / "runs.json") or {"runs": {}}
     runs = dict(manifest["runs"])
@@ -72,7 +75,7 @@ def paper_row(tables: Mapping[str, Any], table: str, variant: str,
     return out
 
 
-def run_row(root: pathlib.Path, name: str, run: Mapping[str, Any],
+def run_row(root: epath.Path, name: str, run: Mapping[str, Any],
             tables: Mapping[str, Any]) -> dict[str, Any]:
     analysis = _load_json(root / name / "analysis" / "analysis.json")
     status = _load_json(root / "_status" / f"{name}.json") or {}
@@ -165,7 +168,7 @@ def _pm(g: Mapping[str, Any], key: str, digits: int = 3) -> str:
     return _fmt(g.get(key), digits) + (f" ± {_fmt(std, 2)}" if std is not None else "")
 
 
-def markdown(root: pathlib.Path, manifest: Mapping[str, Any] | None,
+def markdown(root: epath.Path, manifest: Mapping[str, Any] | None,
              groups: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]],
              ranks: Sequence[Mapping[str, Any]]) -> str:
     lines = [f"# Grid summary: {root.name}", ""]
@@ -207,17 +210,22 @@ def markdown(root: pathlib.Path, manifest: Mapping[str, Any] | None,
     return "\n".join(lines) + "\n"
 
 
-def write_csv(path: pathlib.Path, rows: Sequence[Mapping[str, Any]]) -> None:
+def csv_text(rows: Sequence[Mapping[str, Any]]) -> str:
     fields = list(dict.fromkeys(k for row in rows for k in row))
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    out = io.StringIO(newline="")
+    writer = csv.DictWriter(out, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
 
 
-def summarize(root: str | pathlib.Path) -> dict[str, Any]:
+def write_csv(path: paths.PathLike, rows: Sequence[Mapping[str, Any]]) -> None:
+    paths.write_atomic(path, csv_text(rows))
+
+
+def summarize(root: paths.PathLike) -> dict[str, Any]:
     """Write summary.md, summary.csv and runs.csv under `root`; returns what they hold."""
-    root = pathlib.Path(root)
+    root = paths.resolve(root)
     if not root.is_dir():
         raise FileNotFoundError(f"grid root {root} does not exist")
     runs = discover_runs(root)
@@ -228,7 +236,7 @@ def summarize(root: str | pathlib.Path) -> dict[str, Any]:
     groups = group_rows(rows)
     ranks = rankings(groups)
     manifest = _load_json(root / "runs.json")
-    (root / "summary.md").write_text(markdown(root, manifest, groups, rows, ranks))
+    paths.write_atomic(root / "summary.md", markdown(root, manifest, groups, rows, ranks))
     write_csv(root / "summary.csv", groups)
     write_csv(root / "runs.csv", rows)
     return {"groups": groups, "runs": rows, "rankings": ranks}
@@ -243,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as err:
         print(f"Error: {err}", file=sys.stderr)
         return 1
-    print((pathlib.Path(args.root) / "summary.md").read_text())
+    print((paths.resolve(args.root) / "summary.md").read_text())
     pending = sum(r["state"] != "done" for r in result["runs"])
     if pending:
         print(f"({pending} run(s) not done are listed at the end of summary.md)")
