@@ -1,8 +1,8 @@
-"""Run a grid locally: train every run, then analyse it; resumable, failure-tolerant.
+"""Run a grid: train every run, then analyse it; resumable, failure-tolerant.
 
     python -m experiments.run_grid experiments/grids/table1.py --root runs/table1 \
         [--scale tiny] [--seeds 0,1] [--parallel 2] [--set train.steps=200 ...] \
-        [--only NAME,...] [--dry_run]
+        [--only NAME,...] [--dry_run] [--worker N]
 
 Each run trains with `python -m gated_attention.main --config=configs/ablation.py:arch=..,
 variant=.. --workdir=<root>/<run> --config.x=y ...` in a subprocess, then is analysed with
@@ -13,6 +13,17 @@ resumes interrupted ones (main.py resumes from the workdir's latest checkpoint) 
 failed ones; one failing run never stops the others. `<root>/runs.json` lists the grid.
 `--command` / `--analyze_command` replace the launched commands (templates with {python},
 {config}, {workdir}, {overrides}, {arch}, {variant}, {seed}); tests use them.
+
+The root may be a bucket (`--root gs://bucket/grids/x`): every path goes through
+gated_attention.paths (etils.epath), and the commands get `--workdir=gs://...` as given. A
+command cannot stream its output into a bucket object, so it writes to a local spool file
+(`--local_logs`, default ~/.cache/gated_attention/grid_logs/<root>/) that is appended to
+`<root>/_logs/<log>` while it runs (every LOG_SYNC_SECONDS) and when it ends.
+
+On a pod every worker runs this same command (`--worker`, default $GATED_ATTENTION_WORKER_ID,
+else 0): all of them launch the same commands in the same order, since a multi-host run needs
+every worker, but only worker 0 writes into the root (status files, runs.json, logs). Other
+workers read the status files to make the same plan, and keep their logs in the local spool.
 """
 
 from __future__ import annotations
@@ -20,10 +31,12 @@ from __future__ import annotations
 import argparse
 import ast
 import concurrent.futures
+import dataclasses
 import datetime
 import json
 import os
 import pathlib
+import re
 import shlex
 import subprocess
 import sys
@@ -31,13 +44,19 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from etils import epath
+
 from experiments import grid_lib
+from gated_attention import paths
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_FILE = REPO_ROOT / "configs" / "ablation.py"
 TRAIN_COMMAND = "{python} -m gated_attention.main --config={config} --workdir={workdir} {overrides}"
 ANALYZE_COMMAND = "{python} -m gated_attention.analyze --workdir={workdir}"
 STATUS_DIR, LOG_DIR, MANIFEST = "_status", "_logs", "runs.json"
+WORKER_ENV, MULTIHOST_ENV = "GATED_ATTENTION_WORKER_ID", "GATED_ATTENTION_MULTIHOST"
+DEFAULT_LOCAL_LOGS = "~/.cache/gated_attention/grid_logs"
+LOG_SYNC_SECONDS = 300.0  # how often a running command's output is copied into a remote root
 _lock = threading.Lock()
 
 
@@ -60,15 +79,18 @@ def _format_value(value: Any) -> str:
     return str(value) if not isinstance(value, float) else repr(value)
 
 
-def commands(run: grid_lib.Run, root: pathlib.Path, scale: str, settings: Mapping[str, Any],
+def commands(run: grid_lib.Run, root: paths.PathLike, scale: str, settings: Mapping[str, Any],
              train_template: str = TRAIN_COMMAND,
              analyze_template: str = ANALYZE_COMMAND) -> tuple[list[str], list[str]]:
-    """The train and analyse command lines of one run, as argument lists."""
+    """The train and analyse command lines of one run, as argument lists.
+
+    `root` is used as a string: a gs:// root gives `--workdir=gs://...` unchanged.
+    """
     overrides = grid_lib.run_overrides(run, scale, settings)
     fields = {
         "python": shlex.quote(sys.executable),
         "config": shlex.quote(f"{CONFIG_FILE}:arch={run.arch},variant={run.variant}"),
-        "workdir": shlex.quote(str(root / run.name)),
+        "workdir": shlex.quote(f"{os.fspath(root).rstrip('/')}/{run.name}"),
         "overrides": " ".join(shlex.quote(f"--config.{k}={_format_value(v)}")
                               for k, v in overrides.items()),
         "arch": run.arch, "variant": run.variant, "seed": str(run.seed),
@@ -81,67 +103,155 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
-def read_status(root: pathlib.Path, name: str) -> dict[str, Any] | None:
+@dataclasses.dataclass(frozen=True)
+class GridPlace:
+    """Where a grid lives, who this process is, and where its commands' output goes.
+
+    `spool` is the local folder command output is written to while a command runs; None when
+    it goes straight into `<root>/_logs` (a local root, worker 0).
+    """
+
+    root: epath.Path
+    worker: int = 0
+    spool: pathlib.Path | None = None
+
+    @property
+    def writes_root(self) -> bool:
+        return self.worker == 0
+
+    def log_files(self, name: str) -> tuple[pathlib.Path, epath.Path | None]:
+        """(local file the command writes, root log it is copied to or None)."""
+        if self.spool is None:
+            return pathlib.Path(os.fspath(self.root / LOG_DIR / name)), None
+        return self.spool / name, (self.root / LOG_DIR / name if self.writes_root else None)
+
+    @property
+    def log_dir(self) -> str:
+        return os.fspath(self.root / LOG_DIR) if self.writes_root else os.fspath(self.spool)
+
+
+def spool_dir(root: paths.PathLike, worker: int, local_logs: paths.PathLike = DEFAULT_LOCAL_LOGS
+              ) -> pathlib.Path | None:
+    """The local folder for command output, or None when it can go straight into the root."""
+    root = os.fspath(root)
+    if paths.is_local(root) and worker == 0:
+        return None
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", root).strip("_") or "root"
+    base = pathlib.Path(os.path.abspath(os.path.expanduser(os.fspath(local_logs)))) / name
+    return base if worker == 0 else base / f"worker{worker}"
+
+
+def read_status(root: epath.Path, name: str) -> dict[str, Any] | None:
     path = root / STATUS_DIR / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def write_status(root: pathlib.Path, name: str, status: Mapping[str, Any]) -> None:
-    path = root / STATUS_DIR / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(status, indent=2) + "\n")
-    tmp.replace(path)
+def write_status(place: GridPlace, name: str, status: Mapping[str, Any]) -> None:
+    if place.writes_root:  # workers other than 0 never write into the root
+        paths.write_atomic(place.root / STATUS_DIR / f"{name}.json",
+                           json.dumps(status, indent=2) + "\n")
 
 
-def _run_logged(cmd: list[str], log: pathlib.Path) -> int:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("a") as f:
+def _sync_log(local: pathlib.Path, remote: epath.Path, final: bool = True) -> None:
+    """Append to `remote` what `local` holds beyond what an earlier sync copied there.
+
+    `<local>.synced` keeps the byte count already copied, so an attempt whose copy was cut
+    short (the grid runner killed) is caught up at the next sync, and no byte is copied twice.
+    Before the command ends only whole lines are copied. A failed copy is retried next time.
+    """
+    mark = local.with_name(local.name + ".synced")
+    size = local.stat().st_size if local.exists() else 0
+    done = int(mark.read_text() or 0) if mark.exists() else 0
+    if done > size:  # the spool file was replaced: copy it again from the start
+        done = 0
+    chunk = b""
+    if size > done:
+        with open(local, "rb") as f:
+            f.seek(done)
+            chunk = f.read(size - done)
+    if not final:
+        chunk = chunk[:chunk.rfind(b"\n") + 1]
+    if not chunk:
+        return
+    try:
+        remote.parent.mkdir(parents=True, exist_ok=True)  # as write_atomic does
+        paths.append_text(remote, chunk.decode("utf-8", errors="replace"))
+    except Exception as err:  # noqa: BLE001 - a log copy must never stop the grid
+        print(f"warning: could not copy {local} to {remote} ({err}); will retry",
+              file=sys.stderr, flush=True)
+        return
+    mark.write_text(str(done + len(chunk)))
+
+
+def _run_logged(cmd: list[str], place: GridPlace, log_name: str) -> int:
+    """Run `cmd` with its output appended to the run's log (local file, copied to the root)."""
+    local, remote = place.log_files(log_name)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    if remote is not None:
+        _sync_log(local, remote)  # what an interrupted earlier invocation did not copy
+    with open(local, "a") as f:
         f.write(f"\n### {_now()} {shlex.join(cmd)}\n")
         f.flush()
-        return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT).returncode
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+        try:
+            while True:
+                try:
+                    rc = proc.wait(timeout=LOG_SYNC_SECONDS if remote is not None else None)
+                    break
+                except subprocess.TimeoutExpired:
+                    _sync_log(local, remote, final=False)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    if remote is not None:
+        _sync_log(local, remote)
+    return rc
 
 
-def _tail(path: pathlib.Path, lines: int = 20) -> str:
+def _tail(path: paths.PathLike, lines: int = 20) -> str:
+    path = paths.resolve(path)
     if not path.exists():
         return ""
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return "\n".join(path.read_bytes().decode(errors="replace").splitlines()[-lines:])
 
 
-def execute(run: grid_lib.Run, root: pathlib.Path, train_cmd: list[str],
-            analyze_cmd: list[str] | None) -> dict[str, Any]:
-    """Train (resuming if interrupted) and analyse one run; returns its final status."""
-    status = read_status(root, run.name) or {}
+def execute(run: grid_lib.Run, place: GridPlace, train_cmd: list[str],
+            analyze_cmd: list[str] | None,
+            previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Train (resuming if interrupted) and analyse one run; returns its final status.
+
+    `previous` is the run's status when the grid was planned (every worker decides from the
+    same snapshot whether training is still needed).
+    """
+    status = dict(previous or {})
     status.update(run.to_dict(), train_command=train_cmd, analyze_command=analyze_cmd,
                   attempts=status.get("attempts", 0) + 1, started=_now())
-    logs = root / LOG_DIR
-    if not status.get("trained"):
-        status.update(state="training", error=None)
-        write_status(root, run.name, status)
-        rc = _run_logged(train_cmd, logs / f"{run.name}.train.log")
-        if rc != 0:
-            status.update(state="failed", error=f"training exited with {rc}",
-                          log_tail=_tail(logs / f"{run.name}.train.log"), finished=_now())
-            write_status(root, run.name, status)
-            return status
-        status["trained"] = True
+    steps = [("training", "train", train_cmd)] if not status.get("trained") else []
     if analyze_cmd is not None:
-        status.update(state="analysing")
-        write_status(root, run.name, status)
-        rc = _run_logged(analyze_cmd, logs / f"{run.name}.analyze.log")
+        steps.append(("analysing", "analyze", analyze_cmd))
+    for state, kind, cmd in steps:
+        status.update(state=state, error=None)
+        write_status(place, run.name, status)
+        log_name = f"{run.name}.{kind}.log"
+        rc = _run_logged(cmd, place, log_name)
         if rc != 0:
-            status.update(state="failed", error=f"analysis exited with {rc}",
-                          log_tail=_tail(logs / f"{run.name}.analyze.log"), finished=_now())
-            write_status(root, run.name, status)
+            what = "training" if kind == "train" else "analysis"
+            status.update(state="failed", error=f"{what} exited with {rc}",
+                          log_tail=_tail(place.log_files(log_name)[0]), finished=_now())
+            write_status(place, run.name, status)
             return status
+        if kind == "train":
+            status["trained"] = True
     status.update(state="done", error=None, log_tail=None, finished=_now())
-    write_status(root, run.name, status)
+    write_status(place, run.name, status)
     return status
 
 
-def check_unchanged(root: pathlib.Path, run: grid_lib.Run, train_cmd: list[str]) -> None:
+def check_unchanged(root: epath.Path, run: grid_lib.Run, train_cmd: list[str],
+                    old: Mapping[str, Any] | None = None) -> None:
     """A run directory must never silently switch to another config."""
-    old = read_status(root, run.name)
+    old = read_status(root, run.name) if old is None else old
 
     def config_args(cmd: Sequence[str]) -> list[str]:  # what decides the run, not the python
         return [a for a in cmd if a.startswith("--config")]
@@ -154,7 +264,7 @@ def check_unchanged(root: pathlib.Path, run: grid_lib.Run, train_cmd: list[str])
             "Use another --root, or the same --scale/--set as before.")
 
 
-def write_manifest(root: pathlib.Path, grid: str, scale: str, runs: Sequence[grid_lib.Run],
+def write_manifest(root: epath.Path, grid: str, scale: str, runs: Sequence[grid_lib.Run],
                    settings: Mapping[str, Any]) -> None:
     """runs.json: every run this root has held (earlier invocations' runs are kept)."""
     path = root / MANIFEST
@@ -163,14 +273,24 @@ def write_manifest(root: pathlib.Path, grid: str, scale: str, runs: Sequence[gri
     for run in runs:
         manifest["runs"][run.name] = {**run.to_dict(),
                                       "overrides": grid_lib.run_overrides(run, scale, settings)}
-    root.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(manifest, indent=2) + "\n")
+    paths.write_atomic(path, json.dumps(manifest, indent=2) + "\n")
+
+
+def _default_worker(parser: argparse.ArgumentParser) -> int:
+    text = os.environ.get(WORKER_ENV, "").strip()
+    if not text:
+        return 0
+    if not text.isdigit():
+        parser.error(f"environment variable {WORKER_ENV}={text!r} must be a worker number "
+                     "(0, 1, ...)")
+    return int(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("grid", help="grid file, e.g. experiments/grids/table1.py")
-    parser.add_argument("--root", required=True, help="directory that holds the grid's runs")
+    parser.add_argument("--root", required=True,
+                        help="directory that holds the grid's runs (local or gs://...)")
     parser.add_argument("--scale", default="tiny", help=f"one of {', '.join(grid_lib.SCALES)}")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
     parser.add_argument("--parallel", type=int, default=1, help="runs at a time")
@@ -182,9 +302,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--command", default=TRAIN_COMMAND, help="train command template")
     parser.add_argument("--analyze_command", default=ANALYZE_COMMAND,
                         help="analysis command template")
+    parser.add_argument("--worker", type=int, default=None,
+                        help=f"this worker's number on a pod (default ${WORKER_ENV}, else 0); "
+                             "only worker 0 writes into the root")
+    parser.add_argument("--local_logs", default=DEFAULT_LOCAL_LOGS,
+                        help="local folder for command output when the root is remote or the "
+                             "worker is not 0 (a subfolder per root)")
     args = parser.parse_args(argv)
+    worker = _default_worker(parser) if args.worker is None else args.worker
+    if worker < 0:
+        parser.error(f"--worker={worker} must be >= 0")
     if args.parallel < 1:
         parser.error(f"--parallel={args.parallel} must be >= 1")
+    multihost = os.environ.get(MULTIHOST_ENV, "").strip().lower() in ("1", "true")
+    if args.parallel > 1 and (worker != 0 or multihost):
+        why = f"worker {worker}" if worker != 0 else f"{MULTIHOST_ENV}=1"
+        parser.error(f"--parallel={args.parallel} with {why}: the runs of a pod use every "
+                     "worker and must run one at a time, in the same order on every worker; "
+                     "use --parallel 1")
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
@@ -198,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--only names {sorted(unknown)} are not in the grid; runs: "
                          + ", ".join(r.name for r in runs))
         runs = [r for r in runs if r.name in wanted]
-    root = pathlib.Path(args.root).absolute()
+    root = paths.resolve(args.root)
     plan = []
     for run in runs:
         train_cmd, analyze_cmd = commands(run, root, args.scale, settings, args.command,
@@ -210,14 +345,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             if analyze_cmd:
                 print(shlex.join(analyze_cmd))
         return 0
+    place = GridPlace(root, worker, spool_dir(root, worker, args.local_logs))
+    # One snapshot of the status files decides the plan, the same on every worker.
+    statuses = {run.name: read_status(root, run.name) for run in runs}
     for run, train_cmd, _ in plan:
-        check_unchanged(root, run, train_cmd)
-    write_manifest(root, str(args.grid), args.scale, runs, settings)
-    todo = [p for p in plan if (read_status(root, p[0].name) or {}).get("state") != "done"]
+        check_unchanged(root, run, train_cmd, statuses[run.name] or {})
+    if place.writes_root:
+        write_manifest(root, str(args.grid), args.scale, runs, settings)
+    todo = [p for p in plan if (statuses[p[0].name] or {}).get("state") != "done"]
     print(f"{len(plan)} runs in {root}: {len(plan) - len(todo)} done, {len(todo)} to run")
+    if not place.writes_root:
+        print(f"worker {worker}: running the same commands as worker 0, writing nothing into "
+              f"the root; logs in {place.spool}", flush=True)
     failed = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        futures = {pool.submit(execute, run, root, t, a): run for run, t, a in todo}
+        futures = {pool.submit(execute, run, place, t, a, statuses[run.name]): run
+                   for run, t, a in todo}
         for future in concurrent.futures.as_completed(futures):
             status = future.result()
             with _lock:
@@ -226,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if status["state"] != "done":
                 failed.append(status["name"])
     if failed:
-        print(f"{len(failed)} run(s) failed (logs in {root / LOG_DIR}): {', '.join(failed)}")
+        print(f"{len(failed)} run(s) failed (logs in {place.log_dir}): {', '.join(failed)}")
         return 1
     return 0
 

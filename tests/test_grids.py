@@ -158,6 +158,171 @@ def test_runner_resumes_skips_and_survives_failures(tmp_path, monkeypatch, capsy
         assert len(list(csv.DictReader(f))) == 8
 
 
+# Stand-in for main / analyze on a bucket root: the subprocess cannot see the test's fake
+# bucket, so it only records the workdir it was given (in $CALLS, a local file) and prints.
+FAKE_REMOTE = r"""
+import os, sys
+args = dict(a[2:].split("=", 1) for a in sys.argv[2:] if a.startswith("--") and "=" in a)
+with open(os.environ["CALLS"], "a") as f:
+    f.write(f"{sys.argv[1]} {args['workdir']}\n")
+print(f"{sys.argv[1]} output of {args['variant']}")
+if args["variant"] in os.environ.get("FAIL_VARIANTS", "").split(","):
+    print(f"boom in {args['variant']}", file=sys.stderr)
+    sys.exit(3)
+"""
+
+
+def _tree(folder: pathlib.Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def test_runner_on_a_bucket_root_writes_only_from_worker_0(tmp_path, fake_bucket, monkeypatch,
+                                                           capsys):
+    fake = tmp_path / "fake_remote.py"
+    fake.write_text(FAKE_REMOTE)
+    calls, spool = tmp_path / "calls.txt", tmp_path / "spool"
+    monkeypatch.setenv("CALLS", str(calls))
+    monkeypatch.setenv("FAIL_VARIANTS", "g1_sdpa_headwise")
+    monkeypatch.delenv("GATED_ATTENTION_WORKER_ID", raising=False)
+    monkeypatch.delenv("GATED_ATTENTION_MULTIHOST", raising=False)
+    py = sys.executable
+    argv = [str(_grid_file(tmp_path)), "--root", "gs://bucket/g", "--local_logs", str(spool),
+            "--set", "train.steps=20",
+            "--command", f"{py} {fake} train --workdir={{workdir}} --variant={{variant}}",
+            "--analyze_command", f"{py} {fake} analyze --workdir={{workdir}} "
+                                 "--variant={variant}"]
+    names = ["tiny-baseline-s0", "tiny-g1_sdpa_elementwise-s0", "tiny-g1_sdpa_headwise-s0",
+             "tiny-g2_value_elementwise-s0"]
+    bucket = fake_bucket / "bucket" / "g"
+
+    assert run_grid.main(argv) == 1
+    # Every command got the gs:// workdir as given, in grid order (one at a time).
+    expected = []
+    for name in names:
+        expected.append(f"train gs://bucket/g/{name}")
+        if name != "tiny-g1_sdpa_headwise-s0":
+            expected.append(f"analyze gs://bucket/g/{name}")
+    assert calls.read_text().splitlines() == expected
+    status = {p.stem: json.loads(p.read_text()) for p in (bucket / "_status").glob("*.json")}
+    assert sorted(status) == names
+    assert {n: s["state"] for n, s in status.items()} == {
+        "tiny-baseline-s0": "done", "tiny-g1_sdpa_elementwise-s0": "done",
+        "tiny-g1_sdpa_headwise-s0": "failed", "tiny-g2_value_elementwise-s0": "done"}
+    failed = status["tiny-g1_sdpa_headwise-s0"]
+    assert failed["error"] == "training exited with 3"
+    assert failed["log_tail"].splitlines()[-2:] == ["train output of g1_sdpa_headwise",
+                                                    "boom in g1_sdpa_headwise"]
+    assert "--workdir=gs://bucket/g/tiny-baseline-s0" in status["tiny-baseline-s0"][
+        "train_command"]
+    assert sorted(json.loads((bucket / "runs.json").read_text())["runs"]) == names
+    # Logs: written to the local spool while running, copied into the bucket at the end.
+    logs = bucket / "_logs"
+    assert sorted(p.name for p in logs.iterdir()) == sorted(
+        [f"{n}.train.log" for n in names]
+        + [f"{n}.analyze.log" for n in names if n != "tiny-g1_sdpa_headwise-s0"])
+    log = (logs / "tiny-baseline-s0.analyze.log").read_text()
+    assert log.startswith("\n### ") and log.endswith("\nanalyze output of baseline\n")
+    assert log.count("### ") == 1
+    local = spool / "gs_bucket_g" / "tiny-baseline-s0.analyze.log"
+    assert local.read_text() == log
+
+    # Worker 1 (from the environment, as on a pod) plans from the status files and runs
+    # exactly the commands worker 0 will run, writing nothing into the root.
+    before = _tree(fake_bucket)
+    monkeypatch.setenv("FAIL_VARIANTS", "")
+    monkeypatch.setenv("GATED_ATTENTION_WORKER_ID", "1")
+    calls.unlink()
+    assert run_grid.main(argv) == 0
+    worker1_calls = calls.read_text().splitlines()
+    assert worker1_calls == ["train gs://bucket/g/tiny-g1_sdpa_headwise-s0",
+                             "analyze gs://bucket/g/tiny-g1_sdpa_headwise-s0"]
+    assert _tree(fake_bucket) == before
+    assert (spool / "gs_bucket_g" / "worker1" / "tiny-g1_sdpa_headwise-s0.train.log"
+            ).read_text().endswith("train output of g1_sdpa_headwise\n")
+    assert "worker 1: running the same commands" in capsys.readouterr().out
+
+    # Worker 0 again: the same commands; the failed attempt's log is kept above the new one.
+    monkeypatch.delenv("GATED_ATTENTION_WORKER_ID")
+    calls.unlink()
+    assert run_grid.main(argv) == 0
+    assert calls.read_text().splitlines() == worker1_calls
+    assert all(json.loads((bucket / "_status" / f"{n}.json").read_text())["state"] == "done"
+               for n in names)
+    log = (logs / "tiny-g1_sdpa_headwise-s0.train.log").read_text()
+    assert log.count("### ") == 2 and log.count("train output of g1_sdpa_headwise") == 2
+    assert log.index("boom in g1_sdpa_headwise") < log.rindex("### ")
+    calls.unlink()
+    assert run_grid.main(argv) == 0 and not calls.exists()  # all done: nothing runs
+
+    # A pod's runs go one at a time: --parallel > 1 is refused on worker != 0 or multi-host.
+    for extra, env in [(["--worker", "2"], None), ([], "1")]:
+        if env:
+            monkeypatch.setenv("GATED_ATTENTION_MULTIHOST", env)
+        with pytest.raises(SystemExit) as exit_info:
+            run_grid.main(argv + ["--parallel", "2", *extra])
+        assert exit_info.value.code == 2
+        assert "must run one at a time" in capsys.readouterr().err
+    assert not calls.exists()
+
+
+def test_log_sync_copies_each_byte_once(tmp_path, fake_bucket):
+    local, remote = tmp_path / "spool" / "r.log", run_grid.paths.resolve("gs://bucket/l/r.log")
+    local.parent.mkdir()
+    remote_file = fake_bucket / "bucket" / "l" / "r.log"
+    local.write_text("attempt 1\npart")
+    run_grid._sync_log(local, remote, final=False)  # while running: whole lines only
+    assert remote_file.read_text() == "attempt 1\n"
+    run_grid._sync_log(local, remote)
+    assert remote_file.read_text() == "attempt 1\npart"
+    run_grid._sync_log(local, remote)  # nothing new: nothing copied
+    with open(local, "a") as f:
+        f.write("ial\nattempt 2\n")
+    run_grid._sync_log(local, remote)
+    assert remote_file.read_text() == "attempt 1\npartial\nattempt 2\n"
+    local.write_text("new spool\n")  # spool lost (a fresh machine): appended, not replaced
+    run_grid._sync_log(local, remote)
+    assert remote_file.read_text() == "attempt 1\npartial\nattempt 2\nnew spool\n"
+
+
+def test_summary_of_a_bucket_root(tmp_path, fake_bucket, capsys):
+    bucket = fake_bucket / "bucket" / "s"
+    # (PPL, F-Attn, M-Act): PPL and F-Attn in the paper's order, M-Act with one swap.
+    metrics = {"baseline": (30.0, 0.4, 50.0), "g1_sdpa_elementwise": (20.0, 0.05, 7.0),
+               "g1_sdpa_headwise": (25.0, 0.07, 5.0)}
+    runs = {}
+    for variant, (ppl, f_attn, m_act) in metrics.items():
+        for seed, delta in [(0, -1.0), (1, 1.0)]:
+            name = f"tiny-{variant}-s{seed}"
+            runs[name] = {"name": name, "arch": "tiny", "variant": variant, "seed": seed,
+                          "overrides": {}, "table": "table4_sink_and_activation", "paper": {},
+                          "label": variant}
+            (bucket / name / "analysis").mkdir(parents=True)
+            (bucket / name / "analysis" / "analysis.json").write_text(json.dumps({
+                "perplexity": ppl + delta, "first_token_attention": f_attn,
+                "massive_activation": m_act, "gate_score_mean": None, "sink_rate": 0.0,
+                "step": 20, "params": {"params_added_vs_baseline": 0},
+                "stability": {"train": {"spikes": 0, "diverged": False}}}))
+    (bucket / "runs.json").write_text(json.dumps({"grid": "g.py", "scale": "tiny",
+                                                  "runs": runs}))
+    assert summarize.main(["gs://bucket/s"]) == 0
+    assert "# Grid summary: s" in capsys.readouterr().out
+    with open(bucket / "summary.csv") as f:
+        rows = {r["variant"]: r for r in csv.DictReader(f)}
+    assert float(rows["g1_sdpa_headwise"]["ppl"]) == 25.0  # (24 + 26) / 2
+    assert float(rows["g1_sdpa_headwise"]["ppl_std"]) == pytest.approx(2 ** 0.5)
+    assert float(rows["baseline"]["paper_f_attn"]) == 0.467  # Table 4
+    text = (bucket / "summary.md").read_text()
+    # Paper PPL order elementwise < headwise < baseline is ours too (Table 4: 5.761 / 5.792 /
+    # 6.026), and F-Attn's (.048 / .073 / .467); M-Act (paper 94 / 98 / 1053) swaps the two
+    # gated rows: 1 - 6 * 2 / (3 * 8) = 0.5.
+    assert "- **PPL** ours: g1_sdpa_elementwise < g1_sdpa_headwise < baseline" in text
+    assert text.count("Spearman rho = 1.00 over 3 rows") == 2
+    assert "Spearman rho = 0.50 over 3 rows" in text
+    with open(bucket / "runs.csv") as f:
+        assert len(list(csv.DictReader(f))) == 6
+
+
 def test_every_tiny_run_is_a_valid_config():
     """Every (arch, variant) of every grid at tiny scale resolves to a valid model config, with
     the grid's overrides applied (FFN narrowing, which traces the model, is left out)."""
