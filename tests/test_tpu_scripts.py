@@ -7,6 +7,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -41,9 +42,13 @@ def dry_run(tmp_path, script, *args, **settings):
     return [shlex.split(line) for line in result.stdout.splitlines()]
 
 
-def remote_command(argv):
+def remote_command_text(argv):
     (command,) = [a for a in argv if a.startswith("--command=")]
-    return shlex.split(command.removeprefix("--command="))
+    return command.removeprefix("--command=")
+
+
+def remote_command(argv):
+    return shlex.split(remote_command_text(argv))
 
 
 def test_every_script_is_shellcheck_clean():
@@ -93,14 +98,76 @@ def test_launch_runs_main_on_all_workers_with_a_gcs_workdir(tmp_path):
     assert remote[-6:] == [">", "~/logs/r1.log", "2>&1", "<", "/dev/null", "&"]
 
 
+WORKER_ID = ("GATED_ATTENTION_WORKER_ID=$(curl -sf -H 'Metadata-Flavor: Google' "
+             "http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
+             "agent-worker-number)")
+
+
 def test_launch_grid_runs_the_grid_runner_with_a_gcs_root(tmp_path):
     (ssh,) = dry_run(tmp_path, "launch_grid.sh", "--grid", "experiments/grids/table1.py",
                      "--name", "t1", "--", "--scale", "tiny")
-    remote = remote_command(ssh)
+    assert ssh[:9] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "ga-pod", *LOCATION,
+                       "--worker=all"]
+    command = remote_command_text(ssh)
+    # Each worker's number comes from the TPU VM metadata server, before anything starts.
+    assert f"cd ~/gated_attention && if {WORKER_ID}; then export GATED_ATTENTION_WORKER_ID;" \
+        in command
+    remote = shlex.split(command)
     start = remote.index("experiments.run_grid")
-    assert remote[start + 1:start + 7] == ["experiments/grids/table1.py", "--root",
-                                           "gs://bkt/ga/grids/t1", "--parallel", "1",
-                                           "--scale"]
+    assert remote[start - 5:start] == ["GATED_ATTENTION_MULTIHOST=1", "setsid", "nohup",
+                                       ".venv/bin/python", "-m"]
+    assert remote[start + 1:start + 15] == [
+        "experiments/grids/table1.py", "--root", "gs://bkt/ga/grids/t1", "--parallel", "1",
+        "--worker", "$GATED_ATTENTION_WORKER_ID", "--scale", "tiny",
+        ">", "~/logs/grid-t1.log", "2>&1", "<", "/dev/null"]
+    syntax = subprocess.run(["bash", "-n", "-c", command], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+
+
+def _fake_worker(tmp_path, curl_script):
+    """A home with ~/gated_attention/.venv/bin/python that records how it was started, and a
+    PATH whose curl is `curl_script` (the rest of the PATH as usual, for setsid and nohup)."""
+    home, bin_dir = tmp_path / "home", tmp_path / "bin"
+    venv = home / "gated_attention" / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    bin_dir.mkdir()
+    (venv / "python").write_text('#!/bin/sh\necho "id=$GATED_ATTENTION_WORKER_ID '
+                                 'multihost=$GATED_ATTENTION_MULTIHOST args=$*" > "$HOME/ran"\n')
+    (bin_dir / "curl").write_text("#!/bin/sh\n" + curl_script)
+    for script in (venv / "python", bin_dir / "curl"):
+        script.chmod(0o755)
+    return home, {**os.environ, "HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+@pytest.mark.parametrize("metadata_up", [True, False])
+def test_launch_grid_remote_command_runs_with_the_metadata_worker_number(tmp_path, metadata_up):
+    """The printed remote command, run by bash as a worker's shell would, starts run_grid with
+    --worker 3 and GATED_ATTENTION_WORKER_ID=3 when the metadata server answers 3; without an
+    answer it starts nothing and says why."""
+    (ssh,) = dry_run(tmp_path, "launch_grid.sh", "--grid", "experiments/grids/table1.py",
+                     "--name", "t1", "--", "--scale", "tiny")
+    command = remote_command_text(ssh)
+    curl = ('[ "$3" = "Metadata-Flavor: Google" ] && [ "${4##*/}" = agent-worker-number ] '
+            "&& echo 3" if metadata_up else "exit 22")
+    home, env = _fake_worker(tmp_path, curl + "\n")
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env,
+                            timeout=30)
+    ran = home / "ran"
+    if not metadata_up:
+        assert result.returncode == 1
+        assert "no worker number from the TPU metadata server" in result.stderr
+        time.sleep(0.2)
+        assert not ran.exists()
+        return
+    assert result.returncode == 0, result.stderr
+    deadline = time.monotonic() + 20
+    while not (ran.exists() and ran.read_text().endswith("\n")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ran.read_text() == (
+        "id=3 multihost=1 args=-m experiments.run_grid experiments/grids/table1.py --root "
+        "gs://bkt/ga/grids/t1 --parallel 1 --worker 3 --scale tiny\n")
+    assert (home / "logs" / "grid-t1.log").exists()
+
 
 
 def test_logs_and_teardown(tmp_path):

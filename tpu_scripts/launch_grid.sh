@@ -5,6 +5,8 @@
 #       [--config PATH] [--dry-run] [-- --scale small --seeds 0,1 ...]
 # Flags after `--` go to `python -m experiments.run_grid`. Launching it again resumes the grid:
 # finished runs are skipped, interrupted ones resume from their checkpoints.
+# Each worker asks the TPU VM metadata server for its worker number and passes it as --worker:
+# all workers launch the same commands, only worker 0 writes status files and logs to $BUCKET.
 # shellcheck source=common.sh
 source "$(cd "${BASH_SOURCE[0]%/*}" && pwd)/common.sh"
 parse_common_flags "$@"
@@ -19,10 +21,20 @@ check_name --name "$FLAG_name"
 require_gcloud
 
 root="${BUCKET%/}/grids/$FLAG_name"
+metadata="http://metadata.google.internal/computeMetadata/v1/instance/attributes"
+worker_id="curl -sf -H 'Metadata-Flavor: Google' $metadata/agent-worker-number"
+# The remote shell expands $GATED_ATTENTION_WORKER_ID, not this one.
+# shellcheck disable=SC2016
+grid_worker=' --worker "$GATED_ATTENTION_WORKER_ID"'
 grid=".venv/bin/python -m experiments.run_grid $(printf '%q' "$FLAG_grid")"
-grid+=" --root $(printf '%q' "$root") --parallel 1$(quoted_passthrough)"
+grid+=" --root $(printf '%q' "$root") --parallel 1$grid_worker$(quoted_passthrough)"
 log="$REMOTE_LOGS/grid-$FLAG_name.log"
-remote="mkdir -p $REMOTE_LOGS && cd $REMOTE_DIR && GATED_ATTENTION_MULTIHOST=1 setsid nohup"
-remote+=" $grid > $log 2>&1 < /dev/null &"
+# Every worker: its number from the metadata server (or stop with a message, launching
+# nothing), then the grid runner in the background (setsid + nohup: it survives the session).
+remote="mkdir -p $REMOTE_LOGS && cd $REMOTE_DIR"
+remote+=" && if GATED_ATTENTION_WORKER_ID=\$($worker_id); then export GATED_ATTENTION_WORKER_ID;"
+remote+=" GATED_ATTENTION_MULTIHOST=1 setsid nohup $grid > $log 2>&1 < /dev/null &"
+remote+=" else echo \"error: \$(hostname): no worker number from the TPU metadata server\" >&2;"
+remote+=" exit 1; fi"
 tpu_ssh all "$remote"
 echo "# Started grid $FLAG_name on every worker; results in $root, log $log." >&2
