@@ -11,13 +11,14 @@ batch.
 from __future__ import annotations
 
 import os
-import pathlib
 from typing import Any
 
 import grain
 import jax
 import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding
+
+from gated_attention import paths
 
 
 def abstract_with_shardings(abstract: Any, shardings: Any) -> Any:
@@ -33,7 +34,7 @@ def abstract_with_shardings(abstract: Any, shardings: Any) -> Any:
 
 class Checkpointer:
     def __init__(self, workdir: str | os.PathLike[str], *, keep: int, async_save: bool = True):
-        self.directory = pathlib.Path(workdir).absolute() / "checkpoints"
+        self.directory = paths.resolve(workdir) / "checkpoints"  # local or gs://
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                enable_async_checkpointing=async_save)
         self.manager = ocp.CheckpointManager(self.directory, options=options)

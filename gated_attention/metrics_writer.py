@@ -9,12 +9,15 @@ gated_attention.analysis.stability).
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
-import pathlib
+import time
 from collections.abc import Mapping
 from typing import Any
+
+from gated_attention import paths
 
 
 class SpikeDetector:
@@ -42,7 +45,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
     A line that is not JSON is an error naming the file and line, never silently dropped.
     """
-    path = pathlib.Path(path)
+    path = paths.resolve(path)
     if not path.exists():
         return []
     records = []
@@ -57,44 +60,100 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 class MetricsWriter:
-    """Appends to `<workdir>/metrics.jsonl` and writes TensorBoard events to `<workdir>/tb`."""
+    """Appends to `<workdir>/metrics.jsonl` and writes TensorBoard events to `<workdir>/tb`.
+
+    On a local disk every record is appended as it comes. A bucket object cannot be
+    appended to, so there records are buffered and the file is rewritten at most every
+    `remote_flush_seconds` (and on `flush`/`close`, which the training loop calls at each
+    checkpoint and at the end).
+    """
 
     def __init__(self, workdir: str | os.PathLike[str], *, enabled: bool = True,
-                 resume_step: int = 0):
-        self.path = pathlib.Path(workdir) / "metrics.jsonl"
+                 resume_step: int = 0, remote_flush_seconds: float = 60.0):
+        self.path = paths.resolve(workdir) / "metrics.jsonl"
         self.enabled = enabled
+        self.remote_flush_seconds = remote_flush_seconds
+        self._local = paths.is_local(self.path)
+        self._pending: list[str] = []
+        self._last_flush = time.monotonic()
         self._tb = None
         if not enabled:
             return
         self._truncate_after(resume_step)
         from tensorboardX import SummaryWriter
 
-        self._tb = SummaryWriter(str(pathlib.Path(workdir) / "tb"))
+        _route_remote_events_through_epath()
+        self._tb = SummaryWriter(os.fspath(paths.resolve(workdir) / "tb"))
 
     def _truncate_after(self, step: int) -> None:
         """Drop records past the checkpoint a run resumes from: they are recomputed exactly."""
         records = read_jsonl(self.path)
         kept = [r for r in records if r.get("step", 0) <= step]
         if len(kept) != len(records):
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            paths.write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def write(self, step: int, values: Mapping[str, Any], *, kind: str = "train") -> None:
         if not self.enabled:
             return
         record = {"step": int(step), "kind": kind, **{k: _plain(v) for k, v in values.items()}}
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        self._pending.append(json.dumps(record) + "\n")
+        if self._local or time.monotonic() - self._last_flush >= self.remote_flush_seconds:
+            self._write_pending()
         for name, value in values.items():
             if isinstance(value, (int, float, bool)) and math.isfinite(value):
                 self._tb.add_scalar(f"{kind}/{name}", float(value), int(step))
 
+    def _write_pending(self) -> None:
+        if self._pending:
+            paths.append_text(self.path, "".join(self._pending))
+            self._pending = []
+        self._last_flush = time.monotonic()
+
     def flush(self) -> None:
-        if self._tb is not None:
-            self._tb.flush()
+        if not self.enabled:
+            return
+        self._write_pending()
+        self._tb.flush()
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        if not self.enabled:
+            return
+        self._write_pending()
+        self._tb.close()
+
+
+class _EpathEventFile:
+    """One TensorBoard event file in a bucket: objects cannot be appended to, so the whole
+    (small) file is uploaded again at each flush, as tensorboardX's own GCS writer does."""
+
+    def __init__(self, path: str):
+        self.path, self.buffer = path, io.BytesIO()
+
+    def write(self, data: bytes) -> None:
+        self.buffer.write(data)
+
+    def flush(self) -> None:
+        paths.write_atomic(self.path, self.buffer.getvalue())
+
+    def close(self) -> None:
+        self.flush()
+
+
+class _EpathEventFiles:
+    def open(self, path: str) -> _EpathEventFile:
+        return _EpathEventFile(path)
+
+    def directory_check(self, path: str) -> None:
+        del path  # buckets have no directories to create
+
+
+def _route_remote_events_through_epath() -> None:
+    """Bucket event files go through epath, like every other run file (tensorboardX would
+    otherwise need google-cloud-storage for gs:// and boto3 for s3://)."""
+    from tensorboardX import record_writer
+
+    for prefix in paths.REMOTE_PREFIXES:
+        record_writer.register_writer_factory(prefix.split(":")[0], _EpathEventFiles())
 
 
 def _plain(value: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Run files on a local disk or in a bucket (gs://, s3://): the one module that knows the difference.
+"""Run files on a local disk or in a bucket (gs://, s3://): the one module that knows which.
 
 Every workdir, grid root, tokenizer and data path goes through `etils.epath`, which speaks to
 local disks and, through tensorflow's gfile or fsspec (gcsfs), to object stores; orbax takes
@@ -60,8 +60,8 @@ def _write(path: epath.Path, data: str | bytes) -> None:
 
 def append_text(path: PathLike, text: str) -> None:
     path = resolve(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     if is_local(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as f:
             f.write(text)
         return

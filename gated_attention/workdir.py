@@ -5,15 +5,20 @@
 - a workdir holding anything else stops with an error listing the differences, unless
   `overwrite` is given, which moves the old contents to `<workdir>.backup-<timestamp>`
   (nothing is deleted).
+
+Workdirs may be local or in a bucket (`gs://...`): all access goes through gated_attention.paths.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import pathlib
 import time
 from typing import Any
+
+from etils import epath
+
+from gated_attention import paths
 
 CONFIG_FILE = "config.json"
 
@@ -42,21 +47,21 @@ def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             for k in sorted(set(a) | set(b)) if a.get(k, "<absent>") != b.get(k, "<absent>")]
 
 
-def backup(workdir: pathlib.Path) -> pathlib.Path:
+def backup(workdir: epath.Path) -> epath.Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     target = workdir.with_name(f"{workdir.name}.backup-{stamp}")
     n = 1
     while target.exists():
         target = workdir.with_name(f"{workdir.name}.backup-{stamp}-{n}")
         n += 1
-    os.replace(workdir, target)
+    paths.move_tree(workdir, target)
     return target
 
 
 def prepare(workdir: str | os.PathLike[str], config: Any, *, overwrite: bool = False,
             is_primary: bool = True) -> str:
     """Create or check `workdir`; returns "new" or "resume" (and "new" after a backup)."""
-    root = pathlib.Path(workdir)
+    root = paths.resolve(workdir)
     wanted = config_dict(config)
     saved_file = root / CONFIG_FILE
     if root.exists() and any(root.iterdir()):
@@ -77,5 +82,5 @@ def prepare(workdir: str | os.PathLike[str], config: Any, *, overwrite: bool = F
             print(f"--overwrite: moved the old contents of {root} to {moved}")
     if is_primary:
         root.mkdir(parents=True, exist_ok=True)
-        saved_file.write_text(json.dumps(wanted, indent=2, sort_keys=True) + "\n")
+        paths.write_atomic(saved_file, json.dumps(wanted, indent=2, sort_keys=True) + "\n")
     return "new"

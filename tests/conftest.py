@@ -19,18 +19,50 @@ import pytest  # noqa: E402
 
 @pytest.fixture
 def fake_bucket(tmp_path, monkeypatch):
-    """gs:// paths served from tmp_path/"gs:" (no network): `gs://bucket/x` is tmp_path/gs:/bucket/x.
+    """gs:// paths served from a local folder, with no network: yields that folder.
 
-    etils.epath's own test mock routes every URI to the local OS backend; tensorflow's gfile,
-    which epath would otherwise prefer for gs://, is switched off. Yields the local folder that
-    stands for `gs://`.
+    `gs://bucket/x` is `<folder>/bucket/x`. etils.epath's own test mock routes every path to
+    the local OS backend, and the functions below translate gs:// paths to the folder (and
+    back, for walk and glob); tensorflow's gfile, which epath would otherwise prefer, is
+    switched off. The working directory is tmp_path, so code that mangled `gs://bucket/x`
+    through pathlib into the local `gs:/bucket/x` would write to tmp_path/"gs:", which tests
+    check stays absent.
     """
     from unittest import mock
 
     from etils.epath import gpath
     from etils.epath import testing as epath_testing
 
+    store = tmp_path / "bucket_store"
+    store.mkdir()
     monkeypatch.chdir(tmp_path)
+
+    def to_local(path):
+        text = os.fspath(path)
+        return str(store / text[len("gs://"):]) if text.startswith("gs://") else text
+
+    def to_uri(text):
+        text = os.fspath(text)
+        return "gs://" + text[len(str(store)) + 1:] if text.startswith(str(store) + "/") else text
+
+    def one_path(original, path, *args, **kwargs):
+        return original(to_local(path), *args, **kwargs)
+
+    def two_paths(original, path, dst, *args, **kwargs):
+        return original(to_local(path), to_local(dst), *args, **kwargs)
+
+    def glob(original, pattern):
+        return [to_uri(p) for p in original(to_local(pattern))]
+
+    def walk(original, top, **kwargs):
+        for root, dirs, files in original(to_local(top), **kwargs):
+            yield to_uri(root), dirs, files
+
+    single = ("exists", "isdir", "listdir", "makedirs", "mkdir", "open", "remove", "rmtree",
+              "stat")
+    fns = {name: one_path for name in single}
+    fns.update(copy=two_paths, rename=two_paths, replace=two_paths, glob=glob, walk=walk)
     with mock.patch.object(gpath, "_is_tf_installed", lambda: False), \
-            epath_testing.mock_epath():
-        yield tmp_path / "gs:"
+            epath_testing.mock_epath(**fns):
+        yield store
+    assert not (tmp_path / "gs:").exists(), "a gs:// path was treated as a local path"

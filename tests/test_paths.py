@@ -32,6 +32,7 @@ def test_write_append_move(root, tmp_path, fake_bucket):
     assert (moved / "b.bin").read_bytes() == b"\x00\x01"
     if root != "local":  # the bucket's objects are where gs:// says, not under a local gs:/
         assert (fake_bucket / "bucket" / "r.old" / "m.jsonl").read_text() == "1\n2\n"
+        assert not (fake_bucket / "bucket" / "r").exists()
     paths.write_atomic(base / "x", "y")
     with pytest.raises(FileExistsError, match="refusing"):
         paths.move_tree(base, moved)

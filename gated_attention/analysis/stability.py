@@ -23,6 +23,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from gated_attention import paths
 from gated_attention.metrics_writer import SpikeDetector, read_jsonl
 
 SPIKE_FACTOR = 1.5
@@ -35,7 +36,7 @@ LOSS_SPIKE_RULE = (f"loss > {SPIKE_FACTOR} x EMA({EMA_DECAY}) of previous losses
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Records of a run's metrics.jsonl (the training loop's own reader); the file must exist."""
-    if not os.path.exists(path):
+    if not paths.resolve(path).exists():
         raise FileNotFoundError(f"{path}: no metrics.jsonl here")
     return read_jsonl(path)
 
