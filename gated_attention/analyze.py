@@ -16,12 +16,15 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
 from absl import app, flags
+from etils import epath
+
+from gated_attention import paths
 
 DEFAULT_PROMPT = ("The quick brown fox jumps over the lazy dog. Attention sinks appear when "
                   "a model has nowhere else to put its attention.")
@@ -29,7 +32,7 @@ MAX_PROMPT_TOKENS = 48
 ANALYSIS_DIR = "analysis"
 
 
-def analysis_batches(config: Any, workdir: pathlib.Path, batch_size: int, num_batches: int
+def analysis_batches(config: Any, workdir: epath.Path, batch_size: int, num_batches: int
                      ) -> tuple[list[dict[str, Any]], Any, str]:
     """(batches, tokenizer, description) of the run's held-out data."""
     from gated_attention import data as data_lib
@@ -59,7 +62,7 @@ def default_layers(num_layers: int) -> list[int]:
     return sorted({0, num_layers // 2, num_layers - 1})
 
 
-def stability_section(workdir: pathlib.Path, config: Any) -> dict[str, Any]:
+def stability_section(workdir: epath.Path, config: Any) -> dict[str, Any]:
     """Spikes and divergence under the run's own rule (train.spike_factor, train.spike_ema,
     after optimizer.warmup_steps), the flags train.py logged, and the held-out curve."""
     from gated_attention.analysis import stability
@@ -114,7 +117,7 @@ def make_figures(out: pathlib.Path, result: dict[str, Any], maps: Any, labels: l
     return {k: os.path.basename(v) for k, v in figures.items()}
 
 
-def keep_earlier(out: pathlib.Path, step: int) -> None:
+def keep_earlier(out: epath.Path, step: int) -> None:
     """Move an analysis of another checkpoint step aside (nothing saved is lost)."""
     old_file = out / "analysis.json"
     if not old_file.exists():
@@ -127,7 +130,7 @@ def keep_earlier(out: pathlib.Path, step: int) -> None:
     while target.exists():
         target = out.with_name(f"{ANALYSIS_DIR}.step{old_step}-{n}")
         n += 1
-    shutil.move(str(out), str(target))
+    paths.move_tree(out, target)
     print(f"Moved the analysis of step {old_step} to {target}")
 
 
@@ -140,7 +143,7 @@ def analyze(workdir: str | os.PathLike[str], *, step: int | None = None, batches
     from gated_attention import config_lib, inspect, train
     from gated_attention.analysis import stats
 
-    workdir = pathlib.Path(workdir)
+    workdir = paths.resolve(workdir)  # local or gs://
     if not (workdir / "config.json").exists():
         raise FileNotFoundError(f"{workdir} holds no config.json: not a training run")
     if step is None:
@@ -170,19 +173,23 @@ def analyze(workdir: str | os.PathLike[str], *, step: int | None = None, batches
     )
     out = workdir / ANALYSIS_DIR
     keep_earlier(out, int(step))
-    out.mkdir(parents=True, exist_ok=True)
     from gated_attention.analysis.stability import loss_series
 
     train_series = loss_series(r for r in _records(workdir) if r.get("kind", "train") == "train")
-    result["figures"] = make_figures(out, result, maps, labels, train_series)
-    import numpy as np
+    with tempfile.TemporaryDirectory() as staging:  # matplotlib and numpy write local files
+        local = pathlib.Path(staging)
+        result["figures"] = make_figures(local, result, maps, labels, train_series)
+        import numpy as np
 
-    np.save(out / "attention_maps.npy", maps)
-    (out / "analysis.json").write_text(json.dumps(result, indent=2) + "\n")
+        np.save(local / "attention_maps.npy", maps)
+        (local / "analysis.json").write_text(json.dumps(result, indent=2) + "\n")
+        # analysis.json last: it marks a complete analysis
+        for file in sorted(local.iterdir(), key=lambda f: f.name == "analysis.json"):
+            paths.write_atomic(out / file.name, file.read_bytes())
     return result
 
 
-def _records(workdir: pathlib.Path) -> list[dict[str, Any]]:
+def _records(workdir: epath.Path) -> list[dict[str, Any]]:
     from gated_attention.analysis.stability import read_metrics
 
     path = workdir / "metrics.jsonl"
@@ -222,7 +229,7 @@ def main(argv: list[str]) -> None:
           f"sink rate {result['sink_rate']:.2f}, M-Act {result['massive_activation']:.1f}, "
           f"gate {'-' if gate is None else f'{gate:.3f}'}"
           + (f", held-out PPL {result['perplexity']:.2f}" if "perplexity" in result else "")
-          + f". Written to {pathlib.Path(result['workdir']) / ANALYSIS_DIR}")
+          + f". Written to {paths.resolve(result['workdir']) / ANALYSIS_DIR}")
 
 
 if __name__ == "__main__":

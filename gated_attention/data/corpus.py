@@ -5,7 +5,8 @@
   per module; tests and site-packages excluded). About 2.3M characters; no download.
 - `python_source`: the Python source of the standard library and of the installed packages,
   one document per file (tens to hundreds of MB): a larger local corpus for longer runs.
-- `text_files`: .txt files (one document per file) and .jsonl files (one per record).
+- `text_files`: .txt files (one document per file) and .jsonl files (one per record), on a
+  local disk or in a bucket (gs://).
 
 Documents are split into train and held-out parts by a hash of their name, so the split does
 not depend on the order files are found in or on how many there are. Collected corpora are
@@ -27,6 +28,10 @@ import sys
 import sysconfig
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+
+from etils import epath
+
+from gated_attention import paths as run_paths
 
 SKIP_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages",
                        "__pycache__", "lib2to3"})
@@ -176,15 +181,32 @@ def python_source(cache_dir: str = "") -> list[Document]:
     return _cached("python_source", [p for _, p in named], cache_dir, build)
 
 
-def expand_paths(paths: str) -> list[pathlib.Path]:
-    """Comma-separated paths or globs -> sorted existing files (error if a part matches none)."""
-    out: list[pathlib.Path] = []
+def expand_paths(paths: str) -> list[epath.Path]:
+    """Comma-separated paths or globs -> sorted existing files (error if a part matches none).
+
+    Parts may be in a bucket (`gs://b/c4/*.jsonl`); there `**` is not supported by every
+    backend, so name the folder levels.
+    """
+    out: list[epath.Path] = []
     for part in filter(None, (p.strip() for p in paths.split(","))):
-        matches = sorted(glob.glob(os.path.expanduser(part), recursive=True))
+        if run_paths.is_local(part):
+            matches = [epath.Path(m) for m in sorted(glob.glob(os.path.expanduser(part),
+                                                                recursive=True))]
+        else:
+            matches = _bucket_glob(part)
         if not matches:
             raise FileNotFoundError(f"data.paths: {part!r} matches no file")
-        out += [pathlib.Path(m) for m in matches if os.path.isfile(m)]
+        out += [m for m in matches if m.is_file()]
     return out
+
+
+def _bucket_glob(pattern: str) -> list[epath.Path]:
+    parts = pattern.split("/")
+    fixed = next((i for i, p in enumerate(parts) if glob.has_magic(p)), len(parts))
+    base = epath.Path("/".join(parts[:fixed]))
+    if fixed == len(parts):
+        return [base] if base.exists() else []
+    return sorted(base.glob("/".join(parts[fixed:])), key=os.fspath)
 
 
 def text_files(paths: str, text_key: str = "text") -> list[Document]:

@@ -13,13 +13,13 @@ import dataclasses
 import hashlib
 import json
 import os
-import pathlib
 from collections.abc import Sequence
 from typing import Any
 
 import grain
 import numpy as np
 
+from gated_attention import paths
 from gated_attention.data import corpus as corpus_lib
 from gated_attention.data import packing
 from gated_attention.data.tokenizer import Tokenizer, get_tokenizer
@@ -89,7 +89,7 @@ def _tokenizer_id(tokenizer: Tokenizer) -> str:
     model_file = getattr(tokenizer, "model_file", None)
     if model_file is None:
         return f"byte{tokenizer.vocab_size}"
-    return hashlib.sha256(pathlib.Path(model_file).read_bytes()).hexdigest()[:16]
+    return hashlib.sha256(paths.resolve(model_file).read_bytes()).hexdigest()[:16]
 
 
 def _cached_tokenize(documents: Sequence[corpus_lib.Document], tokenizer: Tokenizer,
@@ -132,10 +132,9 @@ def load_local_data(data_config: Any, vocab_size: int,
                       "id": _tokenizer_id(tokenizer)},
     }
     if workdir is not None:
-        root = pathlib.Path(workdir)
-        root.mkdir(parents=True, exist_ok=True)
-        (root / "data_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        (root / "data_documents.txt").write_text(
+        root = paths.resolve(workdir)
+        paths.write_atomic(root / "data_summary.json", json.dumps(summary, indent=2) + "\n")
+        paths.write_atomic(root / "data_documents.txt",
             "".join(f"{'held_out' if d in held_out_set else 'train'}\t{d}\n"
                     for held_out_set in [{x.name for x in held_out_docs}]
                     for d in (x.name for x in documents)))

@@ -155,8 +155,8 @@ def batches(task: str, split: str, data_config: Any, batch_size: int, bos_id: in
 def build_inputs(config: Any, workdir: Any, *, process_index: int, process_count: int):
     """Inputs for data.source='seqio' (the C4 task unless data.seqio_task names another)."""
     import json
-    import pathlib
 
+    from gated_attention import paths
     from gated_attention.data import Inputs
     from gated_attention.data.pipeline import per_host_batch
     from gated_attention.data.tokenizer import get_tokenizer
@@ -181,5 +181,6 @@ def build_inputs(config: Any, workdir: Any, *, process_index: int, process_count
         "kind": "sentencepiece", "vocab_size": tokenizer.vocab_size,
         "path": str(data.tokenizer_path)}}
     if workdir is not None:
-        pathlib.Path(workdir, "data_summary.json").write_text(json.dumps(summary, indent=2))
+        paths.write_atomic(paths.resolve(workdir) / "data_summary.json",
+                           json.dumps(summary, indent=2) + "\n")
     return Inputs(train_iter, evals, tokenizer, summary)

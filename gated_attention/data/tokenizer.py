@@ -13,12 +13,12 @@ import hashlib
 import io
 import os
 import pathlib
-import shutil
 from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
 
+from gated_attention import paths
 from gated_attention.data.corpus import Document, cache_root, fingerprint
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -63,8 +63,8 @@ class SentencePieceTokenizer:
     def __init__(self, model_file: str | os.PathLike[str]):
         import sentencepiece as spm
 
-        self.model_file = pathlib.Path(model_file)
-        self.processor = spm.SentencePieceProcessor(model_file=str(model_file))
+        self.model_file = paths.resolve(model_file)  # local or gs://: read through epath
+        self.processor = spm.SentencePieceProcessor(model_proto=self.model_file.read_bytes())
         self.vocab_size = self.processor.vocab_size()
         self.pad_id, self.bos_id = self.processor.pad_id(), self.processor.bos_id()
         self.eos_id = self.processor.eos_id()
@@ -105,10 +105,7 @@ def train_sentencepiece(documents: Sequence[Document], vocab_size: int, path: pa
         split_digits=True, allow_whitespace_only_pieces=True, remove_extra_whitespaces=False,
         normalization_rule_name="identity", minloglevel=2,
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_bytes(model.getvalue())
-    tmp.replace(path)
+    paths.write_atomic(path, model.getvalue())
 
 
 def sentencepiece_cache_key(documents: Sequence[Document], vocab_size: int, model_type: str,
@@ -127,14 +124,13 @@ def get_tokenizer(kind: str, vocab_size: int, train_documents: Sequence[Document
     if kind != "sentencepiece":
         raise ValueError(f"data.tokenizer={kind!r} is not allowed; choose one of "
                          "sentencepiece, byte")
-    in_workdir = pathlib.Path(workdir) / TOKENIZER_FILE if workdir else None
+    in_workdir = paths.resolve(workdir) / TOKENIZER_FILE if workdir else None
     if in_workdir is not None and in_workdir.exists():
         tokenizer = SentencePieceTokenizer(in_workdir)
     elif model_path:
         if in_workdir is not None:
-            in_workdir.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(os.path.expanduser(model_path), in_workdir)
-        tokenizer = SentencePieceTokenizer(in_workdir or os.path.expanduser(model_path))
+            paths.write_atomic(in_workdir, paths.resolve(model_path).read_bytes())
+        tokenizer = SentencePieceTokenizer(in_workdir or model_path)
     else:
         if train_documents is None:
             raise ValueError("a SentencePiece tokenizer must be trained, but no training "
@@ -146,8 +142,7 @@ def get_tokenizer(kind: str, vocab_size: int, train_documents: Sequence[Document
             train_sentencepiece(train_documents, vocab_size, cached, model_type=model_type,
                                 input_sentence_size=input_sentence_size)
         if in_workdir is not None:
-            in_workdir.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(cached, in_workdir)
+            paths.write_atomic(in_workdir, cached.read_bytes())
         tokenizer = SentencePieceTokenizer(in_workdir or cached)
     if tokenizer.vocab_size != vocab_size:
         raise ValueError(f"the tokenizer at {tokenizer.model_file} has {tokenizer.vocab_size} "
