@@ -7,7 +7,9 @@
 Any config field can be overridden with --config.<section>.<field>=value. The resolved
 config is saved as <workdir>/config.json; starting again in the same workdir resumes from the
 latest checkpoint; a workdir holding a different run is refused unless --overwrite is given
-(the old contents are then moved to <workdir>.backup-<timestamp>).
+(the old contents are then moved to <workdir>.backup-<timestamp>). The workdir may be in a
+bucket (--workdir=gs://bucket/runs/x). On a pod every host runs the same command
+(--multihost=auto joins them).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
 flags.DEFINE_string("workdir", None, "Directory for config, checkpoints and metrics.")
 flags.DEFINE_bool("overwrite", False, "Move an existing different run aside and start anew.")
 flags.DEFINE_bool("progress", True, "Show a progress bar.")
+flags.DEFINE_enum("multihost", "auto", ["auto", "yes", "no"],
+                  "Join the other hosts with jax.distributed.initialize(): auto does on a TPU "
+                  "pod, with GATED_ATTENTION_MULTIHOST=1 or with JAX_COORDINATOR_ADDRESS set.")
 flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
 
@@ -38,7 +43,7 @@ def main(argv: list[str]) -> None:
         config_lib.validate_run_config(config)
     except config_lib.ConfigError as err:
         sys.exit(f"Config error: {err}")
-    distributed.initialize()
+    distributed.initialize({"auto": None, "yes": True, "no": False}[FLAGS.multihost])
     try:
         summary = train.run(config, FLAGS.workdir, overwrite=FLAGS.overwrite,
                             progress=FLAGS.progress)

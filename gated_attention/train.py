@@ -17,7 +17,6 @@ import dataclasses
 import json
 import math
 import os
-import pathlib
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,7 +29,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gated_attention import checkpoint as checkpoint_lib
-from gated_attention import config_lib, losses, optim, sharding
+from gated_attention import config_lib, distributed, losses, optim, paths, sharding
 from gated_attention import metrics_writer as metrics_lib
 from gated_attention import workdir as workdir_lib
 from gated_attention.model import Transformer
@@ -192,13 +191,15 @@ def check_batch_layout(config: Any, mesh: Mesh, rules: sharding.Rules) -> None:
             "train.grad_accum or config.mesh")
 
 
-def to_global(batch: Mapping[str, np.ndarray], data_sharding: NamedSharding
-              ) -> dict[str, jax.Array]:
-    return {k: jax.make_array_from_process_local_data(data_sharding, np.asarray(v))
-            for k, v in batch.items()}
+def to_global(batch: Mapping[str, np.ndarray], data_sharding: NamedSharding,
+              global_batch_size: int | None = None) -> dict[str, jax.Array]:
+    """Global arrays from this process's rows (all rows when there is one process)."""
+    if global_batch_size is None:
+        global_batch_size = len(next(iter(batch.values())))
+    return distributed.global_batch(batch, data_sharding, global_batch_size)
 
 
-def _replay_spikes(detector: metrics_lib.SpikeDetector, path: pathlib.Path, upto: int) -> None:
+def _replay_spikes(detector: metrics_lib.SpikeDetector, path: os.PathLike[str], upto: int) -> None:
     for record in metrics_lib.read_jsonl(path):
         if record.get("kind") == "train" and record["step"] <= upto:
             detector.update(record["step"], record["loss"])
@@ -216,15 +217,20 @@ def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False
 
     cfg = config_lib.validate_run_config(config)
     primary = jax.process_index() == 0
-    workdir = pathlib.Path(workdir)
+    workdir = paths.resolve(workdir)  # local, or a bucket (gs://...)
     workdir_lib.prepare(workdir, config, overwrite=overwrite, is_primary=primary)
     mesh = sharding.create_mesh(config.mesh, devices)
     rules = _rules(config)
     check_batch_layout(config, mesh, rules)
     train_cfg = config.train
+    data_sharding = sharding.batch_sharding(mesh, rules)
+    # This host reads the rows of the global batch its devices hold; hosts holding the same
+    # rows (the batch replicated over them, e.g. tensor parallelism across hosts) read the
+    # same examples.
+    shard_index, shard_count = distributed.data_shard(data_sharding, train_cfg.batch_size)
 
-    inputs = data_lib.build_inputs(config, workdir, process_index=jax.process_index(),
-                                   process_count=jax.process_count())
+    inputs = data_lib.build_inputs(config, workdir, process_index=shard_index,
+                                   process_count=shard_count)
     tx = optim.make_optimizer(config.optimizer, train_cfg.steps)
     spec = train_state_spec(config, mesh, tx)
     ckpt = checkpoint_lib.Checkpointer(workdir, keep=train_cfg.keep_checkpoints,
@@ -238,12 +244,12 @@ def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False
         with jax.set_mesh(mesh):
             state = spec.init()
 
-    data_sharding = sharding.batch_sharding(mesh, rules)
     step_fn = jit_train_step(make_train_step(spec.graphdef, config, tx), mesh, spec.shardings,
                              rules)
     eval_jit = jax.jit(make_eval_step(spec.graphdef),
                        in_shardings=(spec.shardings["params"], data_sharding))
-    eval_batches = [to_global(b, data_sharding) for b in inputs.eval_batches]
+    eval_batches = [to_global(b, data_sharding, train_cfg.batch_size)
+                    for b in inputs.eval_batches]
 
     def eval_fn(params, batch):
         with jax.set_mesh(mesh), sharding.logical_rules(rules):
@@ -267,7 +273,7 @@ def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False
     timer_start, timed_steps = None, 0
     end = train_cfg.steps if stop_after is None else min(train_cfg.steps, start + stop_after)
     for step in range(start, end):
-        batch = to_global(next(inputs.train), data_sharding)
+        batch = to_global(next(inputs.train), data_sharding, train_cfg.batch_size)
         state, metrics = step_fn(state, batch)
         done = step + 1
         pending.append((done, metrics))
@@ -301,6 +307,7 @@ def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False
         if done == train_cfg.steps or (train_cfg.checkpoint_every
                                        and done % train_cfg.checkpoint_every == 0):
             ckpt.save(done, state, inputs.train)
+            writer.flush()  # a bucket's metrics.jsonl is rewritten here, not at every step
     if bar is not None:
         bar.close()
     ckpt.close()
@@ -316,7 +323,7 @@ def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False
     summary = {"workdir": str(workdir), "steps": train_cfg.steps, "train": last,
                "eval": last_eval}
     if primary and end == train_cfg.steps:
-        (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        paths.write_atomic(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -325,7 +332,7 @@ def load_params(workdir: str | os.PathLike[str], config: Any | None = None,
     """The trained model of a run (on the default device), and its config."""
     import ml_collections
 
-    workdir = pathlib.Path(workdir)
+    workdir = paths.resolve(workdir)
     if config is None:
         config = ml_collections.ConfigDict(
             json.loads((workdir / workdir_lib.CONFIG_FILE).read_text()))

@@ -6,6 +6,10 @@
 prints one JSON line {"process": i, "losses": [...]}. Each process builds only its own rows of
 every global batch and assembles global arrays with distributed.global_batch, as on a pod.
 The tests import the same helpers to train in-process on one or many devices.
+
+    python tests/multiprocess_worker.py ... --config_json=run.json --workdir=DIR
+
+instead runs the whole `train.run` (its data pipeline, metrics and checkpoints) in DIR.
 """
 
 from __future__ import annotations
@@ -147,10 +151,18 @@ def main() -> None:
     parser.add_argument("--local_devices", type=int, default=4)
     parser.add_argument("--mesh", default="data=-1")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--config_json", default="", help="a config saved as JSON (train.run)")
+    parser.add_argument("--workdir", default="", help="train.run's workdir")
     args = parser.parse_args()
     if args.num_processes > 1:
         distributed.initialize(True, coordinator_address=f"localhost:{args.port}",
                                num_processes=args.num_processes, process_id=args.process_id)
+    if args.workdir:
+        config = ml_collections.ConfigDict(json.loads(Path(args.config_json).read_text()))
+        summary = train.run(config, args.workdir, progress=False)
+        print(json.dumps({"process": jax.process_index(), "summary": summary}), flush=True)
+        jax.distributed.shutdown()
+        return
     losses, _, _, mesh = train_steps(tiny_config(parse_mesh(args.mesh)), args.steps)
     print(json.dumps({"process": jax.process_index(), "processes": jax.process_count(),
                       "devices": jax.device_count(), "mesh": dict(mesh.shape),

@@ -42,18 +42,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_agree_with_one_process():
-    port = free_port()
+def spawn(port: int, *flags: str) -> list[subprocess.Popen]:
+    """Two worker processes of 4 CPU devices each, joined on localhost:port."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    mesh = "data=1,fsdp=2,tensor=2,dcn_data=2"  # each process is one "slice" of the data axis
-    procs = [subprocess.Popen(
+    return [subprocess.Popen(
         [sys.executable, str(WORKER), f"--process_id={i}", "--num_processes=2",
-         f"--port={port}", "--local_devices=4", f"--mesh={mesh}", "--steps=3"],
+         f"--port={port}", "--local_devices=4", *flags],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in range(2)]
+
+
+def finish(procs: list[subprocess.Popen]) -> list[dict]:
+    """Each worker's last stdout line (JSON), after checking it exited cleanly."""
     try:
-        # The single-process reference trains meanwhile, on 8 devices of this process.
-        reference, _, _, _ = worker.train_steps(
-            worker.tiny_config({"data": 2, "fsdp": 2, "tensor": 2}), 3)
         outputs = [p.communicate(timeout=300) for p in procs]
     finally:
         for p in procs:
@@ -62,6 +62,17 @@ def test_two_processes_agree_with_one_process():
     for p, (out, err) in zip(procs, outputs):
         assert p.returncode == 0, err[-3000:]
         results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def test_two_processes_agree_with_one_process():
+    port = free_port()
+    mesh = "data=1,fsdp=2,tensor=2,dcn_data=2"  # each process is one "slice" of the data axis
+    procs = spawn(port, f"--mesh={mesh}", "--steps=3")
+    # The single-process reference trains meanwhile, on 8 devices of this process.
+    reference, _, _, _ = worker.train_steps(
+        worker.tiny_config({"data": 2, "fsdp": 2, "tensor": 2}), 3)
+    results = finish(procs)
     assert [r["process"] for r in results] == [0, 1]
     assert all(r["processes"] == 2 and r["devices"] == 8 for r in results)
     assert results[0]["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2, "expert": 1}
@@ -71,3 +82,29 @@ def test_two_processes_agree_with_one_process():
     for r in results:
         np.testing.assert_allclose(r["losses"], reference, rtol=1e-5)
     assert reference[-1] < reference[0]  # and it does train
+
+
+def test_train_run_with_tensor_parallelism_across_hosts(tmp_path):
+    """`train.run` itself on two processes whose 8 devices form one tensor=8 axis: the batch is
+    replicated over both hosts, so each must read the same (whole) batch, not half of it.
+    Only process 0 writes the metrics; the losses equal a one-process run on 8 devices."""
+    from test_train import mini_config
+
+    from gated_attention import train
+    from gated_attention.metrics_writer import read_jsonl
+
+    config = mini_config(tmp_path, steps=6, eval_every=3, checkpoint_every=3)
+    config.model.update(dict(d_model=64, num_heads=8, num_kv_heads=8, head_dim=8, mlp_dim=128))
+    config.mesh.update(dict(data=1, fsdp=1, tensor=8))
+    (tmp_path / "config.json").write_text(config.to_json_best_effort())
+    procs = spawn(free_port(), f"--config_json={tmp_path / 'config.json'}",
+                  f"--workdir={tmp_path / 'pod'}")
+    train.run(config, tmp_path / "one", progress=False)  # meanwhile: one process, 8 devices
+    results = finish(procs)
+    assert [r["process"] for r in results] == [0, 1]
+    pod = read_jsonl(tmp_path / "pod" / "metrics.jsonl")
+    one = read_jsonl(tmp_path / "one" / "metrics.jsonl")
+    assert [(r["kind"], r["step"]) for r in pod] == [(r["kind"], r["step"]) for r in one]
+    assert len(pod) == 6 + 2  # written once (by process 0), not once per process
+    np.testing.assert_allclose([r["loss"] for r in pod], [r["loss"] for r in one], rtol=1e-5)
+    assert sorted(p.name for p in (tmp_path / "pod" / "checkpoints").iterdir()) == ["3", "6"]
