@@ -78,7 +78,9 @@ def test_setup_copies_the_commit_and_installs_on_every_worker(tmp_path):
     assert ssh[:9] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "ga-pod", *LOCATION,
                        "--worker=all"]
     remote = remote_command(ssh)
-    assert ".[seqio]" in remote and "jax[tpu]" in remote
+    assert ".[gcs,seqio]" in remote and "jax[tpu]" in remote
+    *_, plain = dry_run(tmp_path, "setup.sh", EXTRAS="")
+    assert ".[gcs]" in remote_command(plain)  # gs:// workdirs need gcsfs, always
 
 
 def test_launch_runs_main_on_all_workers_with_a_gcs_workdir(tmp_path):

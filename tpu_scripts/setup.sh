@@ -18,6 +18,8 @@ run gcloud compute tpus tpu-vm scp "$archive" "$TPU_NAME:gated_attention.tar.gz"
 install="mkdir -p $REMOTE_DIR $REMOTE_LOGS && tar -xzf ~/gated_attention.tar.gz -C $REMOTE_DIR"
 install+=" && cd $REMOTE_DIR && { test -x .venv/bin/python || python3 -m venv .venv; }"
 install+=" && .venv/bin/pip install -q --upgrade pip"
-install+=" && .venv/bin/pip install -q -e '.${EXTRAS:+[$EXTRAS]}' 'jax[tpu]'"
+# gcs: gcsfs, through which etils.epath reaches the gs:// workdirs (tensorflow does too, if
+# the seqio extra brings it).
+install+=" && .venv/bin/pip install -q -e '.[gcs${EXTRAS:+,$EXTRAS}]' 'jax[tpu]'"
 install+=" && .venv/bin/python -c 'import jax; print(jax.process_index(), jax.local_devices())'"
 tpu_ssh all "$install"
