@@ -9,7 +9,8 @@ The tests import the same helpers to train in-process on one or many devices.
 
     python tests/multiprocess_worker.py ... --config_json=run.json --workdir=DIR
 
-instead runs the whole `train.run` (its data pipeline, metrics and checkpoints) in DIR.
+then also runs the whole `train.run` (its data pipeline, metrics and checkpoints) in DIR, on
+the config's own mesh (one process start serves both checks).
 """
 
 from __future__ import annotations
@@ -157,17 +158,14 @@ def main() -> None:
     if args.num_processes > 1:
         distributed.initialize(True, coordinator_address=f"localhost:{args.port}",
                                num_processes=args.num_processes, process_id=args.process_id)
+    losses, _, _, mesh = train_steps(tiny_config(parse_mesh(args.mesh)), args.steps)
+    result = {"process": jax.process_index(), "processes": jax.process_count(),
+              "devices": jax.device_count(), "mesh": dict(mesh.shape),
+              "rows": train_steps.rows, "shard": train_steps.shard, "losses": losses}
     if args.workdir:
         config = ml_collections.ConfigDict(json.loads(Path(args.config_json).read_text()))
-        summary = train.run(config, args.workdir, progress=False)
-        print(json.dumps({"process": jax.process_index(), "summary": summary}), flush=True)
-        jax.distributed.shutdown()
-        return
-    losses, _, _, mesh = train_steps(tiny_config(parse_mesh(args.mesh)), args.steps)
-    print(json.dumps({"process": jax.process_index(), "processes": jax.process_count(),
-                      "devices": jax.device_count(), "mesh": dict(mesh.shape),
-                      "rows": train_steps.rows, "shard": train_steps.shard,
-                      "losses": losses}), flush=True)
+        result["summary"] = train.run(config, args.workdir, progress=False)
+    print(json.dumps(result), flush=True)
     if args.num_processes > 1:
         jax.distributed.shutdown()
 

@@ -65,46 +65,47 @@ def finish(procs: list[subprocess.Popen]) -> list[dict]:
     return results
 
 
-def test_two_processes_agree_with_one_process():
-    port = free_port()
-    mesh = "data=1,fsdp=2,tensor=2,dcn_data=2"  # each process is one "slice" of the data axis
-    procs = spawn(port, f"--mesh={mesh}", "--steps=3")
-    # The single-process reference trains meanwhile, on 8 devices of this process.
-    reference, _, _, _ = worker.train_steps(
-        worker.tiny_config({"data": 2, "fsdp": 2, "tensor": 2}), 3)
-    results = finish(procs)
-    assert [r["process"] for r in results] == [0, 1]
-    assert all(r["processes"] == 2 and r["devices"] == 8 for r in results)
-    assert results[0]["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2, "expert": 1}
-    # Each host loaded only its half of the global batch.
-    assert [r["rows"] for r in results] == [[0, 4], [4, 8]]
-    assert [r["shard"] for r in results] == [[0, 2], [1, 2]]
-    for r in results:
-        np.testing.assert_allclose(r["losses"], reference, rtol=1e-5)
-    assert reference[-1] < reference[0]  # and it does train
+def test_two_processes_agree_with_one_process(tmp_path):
+    """Two processes of 4 devices train like one process of 8, in two set-ups (one start):
 
-
-def test_train_run_with_tensor_parallelism_across_hosts(tmp_path):
-    """`train.run` itself on two processes whose 8 devices form one tensor=8 axis: the batch is
-    replicated over both hosts, so each must read the same (whole) batch, not half of it.
-    Only process 0 writes the metrics; the losses equal a one-process run on 8 devices."""
+    1. the train step on synthetic data, each process one "slice" of dcn_data=2: each loads
+       only its half of the batch;
+    2. the whole `train.run` (data pipeline, metrics, orbax checkpoints) on a tensor=8 axis
+       spanning both processes: the batch is replicated over them, so each must read the
+       whole batch (splitting by process index fails here); only process 0 writes metrics.
+    """
     from test_train import mini_config
 
     from gated_attention import train
     from gated_attention.metrics_writer import read_jsonl
 
-    config = mini_config(tmp_path, steps=6, eval_every=3, checkpoint_every=3)
+    config = mini_config(tmp_path, steps=4, eval_every=4, checkpoint_every=2)
+    config.optimizer.warmup_steps = 2
     config.model.update(dict(d_model=64, num_heads=8, num_kv_heads=8, head_dim=8, mlp_dim=128))
     config.mesh.update(dict(data=1, fsdp=1, tensor=8))
     (tmp_path / "config.json").write_text(config.to_json_best_effort())
-    procs = spawn(free_port(), f"--config_json={tmp_path / 'config.json'}",
-                  f"--workdir={tmp_path / 'pod'}")
-    train.run(config, tmp_path / "one", progress=False)  # meanwhile: one process, 8 devices
+    mesh = "data=1,fsdp=2,tensor=2,dcn_data=2"
+    procs = spawn(free_port(), f"--mesh={mesh}", "--steps=3",
+                  f"--config_json={tmp_path / 'config.json'}", f"--workdir={tmp_path / 'pod'}")
+    # The single-process references run meanwhile, on 8 devices of this process.
+    reference, _, _, _ = worker.train_steps(
+        worker.tiny_config({"data": 2, "fsdp": 2, "tensor": 2}), 3)
+    train.run(config, tmp_path / "one", progress=False)
     results = finish(procs)
+
     assert [r["process"] for r in results] == [0, 1]
+    assert all(r["processes"] == 2 and r["devices"] == 8 for r in results)
+    assert results[0]["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2, "expert": 1}
+    # 1. Each host loaded only its half of the global batch.
+    assert [r["rows"] for r in results] == [[0, 4], [4, 8]]
+    assert [r["shard"] for r in results] == [[0, 2], [1, 2]]
+    for r in results:
+        np.testing.assert_allclose(r["losses"], reference, rtol=1e-5)
+    assert reference[-1] < reference[0]  # and it does train
+    # 2. train.run across hosts equals train.run in one process.
     pod = read_jsonl(tmp_path / "pod" / "metrics.jsonl")
     one = read_jsonl(tmp_path / "one" / "metrics.jsonl")
     assert [(r["kind"], r["step"]) for r in pod] == [(r["kind"], r["step"]) for r in one]
-    assert len(pod) == 6 + 2  # written once (by process 0), not once per process
+    assert len(pod) == 4 + 1  # written once (by process 0), not once per process
     np.testing.assert_allclose([r["loss"] for r in pod], [r["loss"] for r in one], rtol=1e-5)
-    assert sorted(p.name for p in (tmp_path / "pod" / "checkpoints").iterdir()) == ["3", "6"]
+    assert sorted(p.name for p in (tmp_path / "pod" / "checkpoints").iterdir()) == ["2", "4"]
