@@ -2,6 +2,8 @@
 
     python benchmarks/attention.py            # GPU: B4 S4096 and B1 S16384, H16 D128, bf16
     python benchmarks/attention.py --small    # any machine: tiny shapes, kernels interpreted
+    python benchmarks/attention.py --block_sizes=runs/sweep.json   # our rows with swept blocks
+    python benchmarks/attention.py --check [--small]   # float32 values and gradients vs XLA
 
 Rows: this project's Pallas kernel (ungated, gated elementwise, gated headwise, gated with
 segment ids), cuDNN through jax.nn.dot_product_attention, cuDNN followed by an unfused gate,
@@ -9,24 +11,39 @@ jax's own Pallas Triton `mha`, and the XLA reference. Causal attention; FLOPs co
 PV only (fwd = 4*B*H*S^2*D/2, fwd+bwd = 3.5 x fwd) as in the anchors' peer table. Each time is
 the median of --iters calls after --warmup. The error column is the max |out - ref| / max |ref|
 against the XLA reference in float32 on the same inputs at a small shape
-(B1 S256 H4 D128; with --small, the benchmark shape itself).
+(B1 S256 H4 D128; with --small, the benchmark shape itself). Rows are printed as they finish.
+
+--block_sizes takes the JSON that benchmarks/sweep_blocks.py writes (its winner for this device
+kind and head_dim is used) or an inline JSON dict; our kernel's rows then use those sizes.
+
+--check runs no timings: ops.attention(impl="pallas_gpu" on a GPU or CPU, "pallas_tpu" on a
+TPU) in float32 against the XLA reference at float32 "highest" matmul precision, for the output
+and the gradients of a random linear loss w.r.t. q, k, v and the gate, at a few shapes with
+GQA, segment ids, odd lengths and head_dim 64/128/256. It prints max |x - ref| / max |ref| per
+array and exits 1 if any error is above CHECK_TOL or a case fails to run. On a GPU the kernel's
+float32 matmuls may use TF32, so about 1e-3 is expected there (1e-6 interpreted on a CPU).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
+import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from gated_attention import ops
 from gated_attention.ops import reference
 from gated_attention.ops._flash_common import attention_flops
+from gated_attention.ops.block_sizes import device_kind_key
 
 FULL_SHAPES = ((4, 4096, 16, 128), (1, 16384, 16, 128))
 SMALL_SHAPES = ((1, 64, 2, 64),)
@@ -43,9 +60,11 @@ class Impl:
     available: str = ""  # non-empty: why this row cannot run here
 
 
-def _implementations(platform: str, small: bool) -> list[Impl]:
+def _implementations(platform: str, small: bool,
+                     blocks: dict[str, int] | None = None) -> list[Impl]:
     ours = "pallas_tpu" if platform == "tpu" else "pallas_gpu"
-    blocks = {"block_q": 16, "block_kv": 16} if small else None
+    if small and blocks is None:
+        blocks = {"block_q": 16, "block_kv": 16}
 
     def kernel(q, k, v, gate, seg):
         return ops.attention(q, k, v, gate=gate, segment_ids=seg, impl=ours,
@@ -142,21 +161,25 @@ def _rel_error(out: jax.Array, args) -> float:
     return float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref)) / jnp.max(jnp.abs(ref)))
 
 
-def run(small: bool, warmup: int, iters: int) -> list[dict]:
+def iter_rows(small: bool, warmup: int, iters: int,
+              blocks: dict[str, int] | None = None) -> Iterator[dict]:
+    """One row per (implementation, shape), yielded as soon as it is measured."""
     platform = jax.default_backend()
     shapes = SMALL_SHAPES if small else FULL_SHAPES
-    rows = []
-    for impl in _implementations(platform, small):
+    for impl in _implementations(platform, small, blocks):
         err = "n/a"
         if not impl.available and not small:  # --small measures the error on its own shape
             args = _inputs(CHECK_SHAPE, impl, seed=1)
-            err = f"{_rel_error(_compile(impl.fn, *args)(*args), args):.1e}"
+            try:
+                err = f"{_rel_error(_compile(impl.fn, *args)(*args), args):.1e}"
+            except Exception as exc:  # noqa: BLE001 - the timings below may still run
+                err = f"failed: {type(exc).__name__}: {str(exc)[:80]}"
         for shape in shapes:
             row = dict(impl=impl.name, shape="B{} S{} H{} D{}".format(*shape), error=err,
                        fwd="-", fwd_bwd="-", fwd_ms="-", fwd_bwd_ms="-")
             if impl.available:
                 row.update(fwd=impl.available)
-                rows.append(row)
+                yield row
                 continue
             args = _inputs(shape, impl)
             flops = attention_flops(shape[0], shape[1], shape[2], shape[3], causal=True)
@@ -171,18 +194,186 @@ def run(small: bool, warmup: int, iters: int) -> list[dict]:
                     row["error"] = f"{_rel_error(compiled(*args), args):.1e}"
                 row[f"{key}_ms"] = f"{seconds * 1e3:.2f}"
                 row[key] = f"{mult * flops / seconds / 1e12:.3g}"
-            rows.append(row)
-    return rows
+            yield row
+
+
+def run(small: bool, warmup: int, iters: int, blocks: dict[str, int] | None = None,
+        ) -> list[dict]:
+    return list(iter_rows(small, warmup, iters, blocks))
+
+
+TABLE_HEADER = ("| implementation | shape | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s "
+                "| max rel err vs XLA |\n|" + "---|" * 7)
+
+
+def format_row(r: dict) -> str:
+    return (f"| {r['impl']} | {r['shape']} | {r['fwd_ms']} | {r['fwd']} | "
+            f"{r['fwd_bwd_ms']} | {r['fwd_bwd']} | {r['error']} |")
 
 
 def format_table(rows: list[dict]) -> str:
-    header = ("| implementation | shape | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s "
-              "| max rel err vs XLA |")
-    lines = [header, "|" + "---|" * 7]
-    for r in rows:
-        lines.append(f"| {r['impl']} | {r['shape']} | {r['fwd_ms']} | {r['fwd']} | "
-                     f"{r['fwd_bwd_ms']} | {r['fwd_bwd']} | {r['error']} |")
-    return "\n".join(lines)
+    return "\n".join([TABLE_HEADER, *(format_row(r) for r in rows)])
+
+
+def load_block_sizes(spec: str | None, head_dim: int) -> dict[str, int] | None:
+    """--block_sizes: a sweep JSON (its winner for this device kind and head_dim) or a dict.
+
+    A sweep file without a winner for this device falls back to the tuned table (None).
+    """
+    if not spec:
+        return None
+    path = Path(spec)
+    if path.suffix == ".json" or path.exists():
+        if not path.exists():
+            print(f"# --block_sizes: {spec} does not exist; using the block-size table")
+            return None
+        data = json.loads(path.read_text())
+    else:
+        data = json.loads(spec)
+    if "winners" in data:  # the sweep's output
+        kind = device_kind_key()
+        data = data["winners"].get(kind, {}).get(str(head_dim))
+        if not data:
+            print(f"# --block_sizes: {spec} has no winner for {kind} head_dim {head_dim}; "
+                  "using the block-size table")
+            return None
+    return {k: int(v) for k, v in data.items()}
+
+
+# ----------------------------------------------------------------------------- --check
+
+CHECK_TOL = 1e-2  # float32 kernels; TF32 matmuls on a GPU give about 1e-3
+SAFE_BLOCKS = dict(block_q=32, block_kv=32, block_q_dq=32, block_kv_dq=32, block_q_dkv=32,
+                   block_kv_dkv=32, num_warps=4, num_stages=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckCase:
+    name: str
+    batch: int
+    seq: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    gate: str | None  # None, "elementwise", "headwise"
+    segments: bool
+
+
+CHECK_CASES = (
+    CheckCase("GQA 4, elementwise gate, segment ids, odd length", 2, 1000, 8, 2, 128,
+              "elementwise", True),
+    CheckCase("1.7B model heads (16 q / 8 kv), elementwise gate", 1, 4096, 16, 8, 128,
+              "elementwise", False),
+    CheckCase("GQA 4, headwise gate, segment ids, d64", 1, 300, 4, 1, 64, "headwise", True),
+    CheckCase("no GQA, elementwise gate, d256", 1, 256, 2, 2, 256, "elementwise", False),
+)
+SMALL_CHECK_CASES = (
+    CheckCase("GQA 2, elementwise gate, segment ids", 1, 40, 4, 2, 32, "elementwise", True),
+    CheckCase("GQA 2, headwise gate", 1, 33, 2, 1, 64, "headwise", False),
+)
+
+
+def random_segments(rng: np.random.Generator, batch: int, seq: int) -> np.ndarray:
+    """Sorted ids, 2-4 packed documents of random lengths per row."""
+    rows = []
+    for _ in range(batch):
+        cuts = np.sort(rng.choice(np.arange(1, seq), size=rng.integers(1, 4), replace=False))
+        rows.append(np.searchsorted(cuts, np.arange(seq), side="right"))
+    return np.stack(rows).astype(np.int32)
+
+
+def make_inputs(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int,
+                gate: str | None, segments: bool, dtype, seed: int = 0) -> dict:
+    """q, k, v, gate, segment ids and a float32 probe (the linear loss's weights)."""
+    rng = np.random.default_rng(seed)
+    normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)  # noqa: E731
+    gate_shape = {"elementwise": (batch, seq, heads, head_dim), "headwise": (batch, seq, heads),
+                  None: None}[gate]
+    return dict(
+        q=normal(batch, seq, heads, head_dim), k=normal(batch, seq, kv_heads, head_dim),
+        v=normal(batch, seq, kv_heads, head_dim),
+        gate=None if gate_shape is None else normal(*gate_shape),
+        seg=jnp.asarray(random_segments(rng, batch, seq)) if segments else None,
+        probe=jnp.asarray(rng.standard_normal((batch, seq, heads, head_dim)), jnp.float32),
+    )
+
+
+def outputs_and_grads(attn: Callable, inputs: dict) -> Callable:
+    """A function of the inputs dict: (out in float32, grads of sum(out * probe) w.r.t. q, k,
+    v and the gate if any). attn(q, k, v, gate, seg) -> out."""
+    names = ("q", "k", "v") if inputs["gate"] is None else ("q", "k", "v", "gate")
+
+    def fn(inputs):
+        def forward(diff):
+            x = {**inputs, **diff}
+            return attn(x["q"], x["k"], x["v"], x["gate"], x["seg"]).astype(jnp.float32)
+        out, vjp = jax.vjp(forward, {n: inputs[n] for n in names})
+        return out, vjp(inputs["probe"])[0]
+
+    return fn
+
+
+def reference_outputs_and_grads(inputs: dict):
+    """outputs_and_grads of the XLA reference on float32 copies, at full matmul precision."""
+    f32 = {n: (x.astype(jnp.float32) if n != "seg" and x is not None else x)
+           for n, x in inputs.items()}
+
+    def ref(q, k, v, gate, seg):
+        return reference.attention(q, k, v, gate=gate, segment_ids=seg)
+
+    with jax.default_matmul_precision("highest"):
+        return jax.jit(outputs_and_grads(ref, f32))(f32)
+
+
+def rel_errors(got, want) -> dict[str, float]:
+    """max |got - want| / max |want| for the output ("out") and each gradient ("dq", ...)."""
+    (out, grads), (ref_out, ref_grads) = got, want
+    pairs = {"out": (out, ref_out), **{f"d{n}": (grads[n], ref) for n, ref in ref_grads.items()}}
+    return {name: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b)) / jnp.max(jnp.abs(b)))
+            for name, (a, b) in pairs.items()}
+
+
+def check(small: bool, blocks: dict[str, int] | None = None) -> bool:
+    """Print the errors of our kernel's output and gradients per case; True if all pass."""
+    platform = jax.default_backend()
+    impl = "pallas_tpu" if platform == "tpu" else "pallas_gpu"
+    print(f"# --check: {impl} float32 vs the XLA reference (float32, highest precision); "
+          f"block sizes: {blocks or 'the table'}; tolerance {CHECK_TOL:g}")
+    print("| case | shape | out | dq | dk | dv | dgate | verdict |\n|" + "---|" * 8,
+          flush=True)
+
+    def kernel_with(sizes):
+        def kernel(q, k, v, gate, seg):
+            return ops.attention(q, k, v, gate=gate, segment_ids=seg, impl=impl,
+                                 block_sizes=sizes)
+        return kernel
+
+    all_ok = True
+    for case in SMALL_CHECK_CASES if small else CHECK_CASES:
+        shape = (f"B{case.batch} S{case.seq} H{case.heads}/{case.kv_heads} D{case.head_dim}"
+                 f"{' seg' if case.segments else ''}")
+        inputs = make_inputs(case.batch, case.seq, case.heads, case.kv_heads, case.head_dim,
+                             case.gate, case.segments, jnp.float32, seed=2)
+        # A case that fails to run with the given sizes (float32 tiles take twice the shared
+        # memory of bf16 ones) is tried again with small tiles, so its numbers still come out.
+        for sizes, note in ((blocks, ""), (SAFE_BLOCKS, " (retry with SAFE_BLOCKS)")):
+            try:
+                got = _compile(outputs_and_grads(kernel_with(sizes), inputs), inputs)(inputs)
+                errs = rel_errors(got, reference_outputs_and_grads(inputs))
+            except Exception as exc:  # noqa: BLE001 - report it and go on
+                all_ok = False
+                print(f"| {case.name}{note} | {shape} | failed: {type(exc).__name__}: "
+                      f"{str(exc)[:300]} |", flush=True)
+                continue
+            ok = all(e <= CHECK_TOL for e in errs.values())
+            all_ok &= ok
+            cols = " | ".join(f"{errs[n]:.1e}" if n in errs else "-"
+                              for n in ("out", "dq", "dk", "dv", "dgate"))
+            print(f"| {case.name}{note} | {shape} | {cols} | {'ok' if ok else 'TOO LARGE'} |",
+                  flush=True)
+            break
+    print(f"# check: {'all cases within' if all_ok else 'FAILED:'} tolerance {CHECK_TOL:g}")
+    return all_ok
 
 
 def main() -> None:
@@ -191,15 +382,29 @@ def main() -> None:
                         help="tiny shapes, kernels in interpret mode (runs on a CPU)")
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--iters", type=int, default=None)
+    parser.add_argument("--block_sizes", default=None,
+                        help="sweep JSON (benchmarks/sweep_blocks.py --out) or an inline JSON "
+                             "dict: block sizes for this project's kernel rows")
+    parser.add_argument("--check", action="store_true",
+                        help="no timings: float32 values and gradients vs the XLA reference")
     args = parser.parse_args()
+    device = jax.devices()[0]
+    head_dim = (SMALL_SHAPES if args.small else FULL_SHAPES)[0][3]
+    blocks = load_block_sizes(args.block_sizes, head_dim)
+    if args.check:
+        print(f"# device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}")
+        sys.exit(0 if check(args.small, blocks) else 1)
     warmup = args.warmup if args.warmup is not None else (1 if args.small else 3)
     iters = args.iters if args.iters is not None else (2 if args.small else 20)
-    device = jax.devices()[0]
     print(f"# device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}, "
           f"bfloat16, causal, median of {iters} after {warmup} warm-up")
     if args.small:
         print("# --small: tiny shapes, kernels interpreted on CPU; timings are not speeds")
-    print(format_table(run(args.small, warmup, iters)))
+    if blocks:
+        print(f"# this project's kernel rows use block sizes {blocks}")
+    print(TABLE_HEADER, flush=True)
+    for row in iter_rows(args.small, warmup, iters, blocks):
+        print(format_row(row), flush=True)
 
 
 if __name__ == "__main__":
