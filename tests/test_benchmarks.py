@@ -1,0 +1,129 @@
+"""benchmarks/: the block-size sweep and the one-call device session, rehearsed on a CPU.
+
+The sweep runs through benchmarks/device_session.sh with SMALL=1 (tiny shape and candidates,
+kernels interpreted) while `attention.py --check --small` runs beside it, so the code paths a
+GPU session will take run here first. Both start once per module, in parallel.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+SESSION = BENCH / "device_session.sh"
+sys.path.insert(0, str(BENCH))
+
+import attention  # noqa: E402 - benchmarks/attention.py
+import sweep_blocks  # noqa: E402 - benchmarks/sweep_blocks.py
+
+from gated_attention.ops.block_sizes import BLOCK_KEYS  # noqa: E402
+
+# No fake devices: one CPU device compiles the interpreted kernels fastest.
+ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHON": sys.executable,
+       "INSTALL_WHEELS": "0"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The session's sweep step and the --small check, run side by side."""
+    out = tmp_path_factory.mktemp("session")
+    session = subprocess.Popen(["bash", str(SESSION), "sweep"], cwd=ROOT, text=True,
+                               env={**ENV, "OUT": str(out), "SMALL": "1"},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    check = subprocess.Popen([sys.executable, str(BENCH / "attention.py"), "--check", "--small"],
+                             cwd=ROOT, text=True, env=ENV, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
+    session_out, _ = session.communicate(timeout=300)
+    check_out, _ = check.communicate(timeout=300)
+    return dict(out=out, session=(session.returncode, session_out),
+                check=(check.returncode, check_out))
+
+
+def test_sweep_json_has_every_candidate_a_winner_and_small_errors(runs):
+    rc, text = runs["session"]
+    assert rc == 0, text
+    report = json.loads((runs["out"] / "sweep.json").read_text())
+    assert report["small"] and report["table_key"] == "cpu" and "in_progress" not in report
+    results = report["results"]
+    assert {r["phase"] for r in results} == {"fwd", "fwd+bwd"}
+    # one row per candidate per shape: the table's entry, one valid and one invalid forward
+    # candidate; the table's entry, the forward winner (if new) and one backward candidate
+    fwd = [r for r in results if r["phase"] == "fwd"]
+    assert len(fwd) == 1 + len(sweep_blocks.SMALL_FWD_CANDIDATES)
+    assert fwd[0]["current"] and set(fwd[0]["sizes"]) == set(BLOCK_KEYS)
+    failed = [r for r in results if r["status"].startswith("failed")]
+    assert [r["sizes"]["block_q"] for r in failed] == [8]  # the invalid one, on purpose
+    assert "must be >= 16" in failed[0]["status"]
+    ok = [r for r in results if not r["status"].startswith("failed")]
+    assert ok and all(r["status"] == "ok" for r in ok), ok
+    for r in ok:
+        assert r["ms"] > 0 and r["tflops"] > 0 and r["compile_s"] >= 0
+        assert r["error"] < 1e-2, r
+    winner = report["winners"]["cpu"]["32"]
+    assert set(winner) == set(BLOCK_KEYS)
+    assert report["summary"]["32"]["sizes"] == winner
+    # the printed literal is valid Python for the block-size table and equals the winner
+    literal = report["literals"]["32"]
+    assert eval("{" + literal + "}", {"dict": dict}) == {32: winner}
+    assert all(line.strip() in text for line in literal.splitlines())
+    assert "sweep: exit 0" in (runs["out"] / "summary.txt").read_text()
+    assert "| fwd+bwd |" in (runs["out"] / "sweep.txt").read_text()
+    # attention.py --block_sizes reads the winner back from the JSON
+    assert attention.load_block_sizes(str(runs["out"] / "sweep.json"), 32) == winner
+    assert attention.load_block_sizes(str(runs["out"] / "sweep.json"), 128) is None
+    assert attention.load_block_sizes('{"block_q": 64}', 128) == {"block_q": 64}
+
+
+def test_check_small_values_and_gradients_match_reference(runs):
+    rc, text = runs["check"]
+    assert rc == 0, text
+    assert "all cases within tolerance" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "B1 " in line]
+    assert len(rows) == len(attention.SMALL_CHECK_CASES)
+    assert all(line.endswith("| ok |") for line in rows)
+
+
+def test_session_script_is_shellcheck_clean_and_parses():
+    shellcheck = Path(sys.executable).with_name("shellcheck")
+    result = subprocess.run([str(shellcheck), str(SESSION)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    result = subprocess.run(["bash", "-n", str(SESSION)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_dry_run_prints_the_gpu_commands(tmp_path):
+    env = {**ENV, "OUT": str(tmp_path), "DRY_RUN": "1", "PYTHON": "python3"}
+    result = subprocess.run(["bash", str(SESSION)], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    commands = [line.split("): ", 1)[1] for line in lines if line.startswith("=== ")]
+    train = ("python3 benchmarks/train_step.py --arch=dense_1p7b_28l --seq_len=4096 --batch=4 "
+             "--dtype=bfloat16 --remat=dots_with_no_batch_dims_saveable --steps=10 --warmup=2")
+    assert commands[0] == "nvidia-smi"
+    assert commands[2:] == [
+        "python3 benchmarks/attention.py --check",
+        f"python3 benchmarks/sweep_blocks.py --budget_s=170 --out={tmp_path}/sweep.json",
+        f"python3 benchmarks/attention.py --block_sizes={tmp_path}/sweep.json",
+        f"{train} --variants=baseline",
+        f"{train} --variants=g1_sdpa_elementwise",
+    ]
+    result = subprocess.run(["bash", str(SESSION), "nonsense"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "unknown step" in result.stderr
+
+
+def test_check_retries_a_case_that_fails_with_small_tiles(monkeypatch, capsys):
+    """A case that cannot run with the given sizes is rerun with SAFE_BLOCKS; still a failure."""
+    monkeypatch.setattr(attention, "SMALL_CHECK_CASES", attention.SMALL_CHECK_CASES[1:])
+    assert not attention.check(small=True, blocks={"block_q": 8})
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| GQA")]
+    assert len(rows) == 2
+    assert "failed: ValueError" in rows[0] and "must be >= 16" in rows[0]
+    assert "(retry with SAFE_BLOCKS)" in rows[1] and rows[1].endswith("| ok |")
