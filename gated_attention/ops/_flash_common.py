@@ -255,8 +255,19 @@ def gate_kind(gate: jax.Array | None, q: jax.Array) -> str | None:
     return "elementwise" if gate.ndim == q.ndim else "headwise"
 
 
+# Gates whose act'(g) / act(g) is bounded: their backward needs only the gated output (which
+# the next layer keeps anyway), so the forward never writes the ungated one to memory. SiLU
+# and identity gates pass zero, where that ratio has a pole, and keep the ungated output.
+OUTPUT_ONLY_GATES = ("sigmoid", "ns_sigmoid")
+
+
+def stores_ungated(p: Problem) -> bool:
+    """Whether the forward must also write the ungated output for the backward pass."""
+    return bool(p.gate_kind) and p.gate_activation not in OUTPUT_ONLY_GATES
+
+
 def gate_backward(dout: jax.Array, o: jax.Array, gate: jax.Array | None, activation: str):
-    """XLA-fused pre-pass of the backward: (dO before the gate, d gate).
+    """XLA-fused pre-pass of the backward from the ungated o: (dO before the gate, d gate).
 
     out = o * act(g); d o = d out * act(g); d g = d out * o * act'(g) (summed over head_dim for
     a headwise gate). XLA fuses this into one elementwise pass with the delta row sum.
@@ -268,6 +279,38 @@ def gate_backward(dout: jax.Array, o: jax.Array, gate: jax.Array | None, activat
                      o32, gate.astype(jnp.float32))
     do, dg = vjp(dout.astype(jnp.float32))
     return do.astype(o.dtype), dg.astype(gate.dtype)
+
+
+def _score_log_derivative(g: jax.Array, activation: str) -> jax.Array:
+    """act'(g) / act(g) for the OUTPUT_ONLY_GATES: 1 - sigmoid(g), or s(1-s)/(1+s)."""
+    s = sigmoid(g)
+    if activation == "sigmoid":
+        return 1.0 - s
+    if activation == "ns_sigmoid":
+        return s * (1.0 - s) / (1.0 + s)
+    raise ValueError(f"gate_activation={activation!r} needs the ungated output; the "
+                     f"output-only backward covers {', '.join(OUTPUT_ONLY_GATES)}")
+
+
+def gate_backward_from_output(dout: jax.Array, out: jax.Array, gate: jax.Array,
+                              activation: str):
+    """(dO before the gate, d gate, delta) from the gated output alone.
+
+    With out = o * act(g): d g = d out * o * act'(g) = d out * out * act'(g)/act(g), and the
+    softmax backward's row term delta = sum_d (d out * act(g)) * o = sum_d d out * out.
+    """
+    g32 = gate.astype(jnp.float32)
+    scores = gate_scores(g32, activation)
+    product = dout.astype(jnp.float32) * out.astype(jnp.float32)
+    ratio = _score_log_derivative(g32, activation)
+    if gate.ndim == out.ndim:  # elementwise
+        do = dout.astype(jnp.float32) * scores
+        dg = product * ratio
+    else:  # headwise: one score per (token, head)
+        do = dout.astype(jnp.float32) * scores[..., None]
+        dg = jnp.sum(product, axis=-1) * ratio
+    delta = jnp.einsum("bshd->bhs", product)
+    return do.astype(out.dtype), dg.astype(gate.dtype), delta
 
 
 def sink_gradient(sink: jax.Array, lse: jax.Array, delta: jax.Array, seq: int) -> jax.Array:
@@ -306,7 +349,8 @@ class Static:
 def make_flash_attention(forward, backward):
     """A custom-VJP attention from a kernel module's forward and backward launchers.
 
-    forward(static, q, k, v, seg, gate, sink, residuals) -> (out, lse [b,h,s], o_ungated)
+    forward(static, q, k, v, seg, gate, sink, residuals) -> (out, lse [b,h,s], o), where o is
+        the ungated output if stores_ungated(problem), else `out` (nothing extra written)
     backward(static, q, k, v, seg, sink, do, lse, delta) -> (dq, dk, dv)
     The gate's and the sink's gradients are computed here from o, lse and delta, so each
     kernel only needs the three matmul-heavy passes.
@@ -318,12 +362,17 @@ def make_flash_attention(forward, backward):
 
     def flash_fwd(static, q, k, v, seg, gate, sink):
         out, lse, o = forward(static, q, k, v, seg, gate, sink, True)
+        # o is the ungated output only where stores_ungated(); else it is `out` itself
         return out, (q, k, v, seg, gate, sink, o, lse)
 
     def flash_bwd(static, residuals, dout):
         q, k, v, seg, gate, sink, o, lse = residuals
-        do, dgate = gate_backward(dout, o, gate, static.problem.gate_activation)
-        delta = jnp.einsum("bshd,bshd->bhs", do.astype(jnp.float32), o.astype(jnp.float32))
+        activation = static.problem.gate_activation
+        if gate is not None and not stores_ungated(static.problem):
+            do, dgate, delta = gate_backward_from_output(dout, o, gate, activation)
+        else:
+            do, dgate = gate_backward(dout, o, gate, activation)
+            delta = jnp.einsum("bshd,bshd->bhs", do.astype(jnp.float32), o.astype(jnp.float32))
         dq, dk, dv = backward(static, q, k, v, seg, sink, do, lse, delta)
         dsink = None if sink is None else sink_gradient(sink, lse, delta, q.shape[1])
         return dq, dk, dv, None, dgate, dsink

@@ -2,7 +2,8 @@
 
 Forward: one program per (batch, head, q block) walks only the kv blocks that hold a visible
 key (causal diagonal and segment ranges bound the loop), keeps a running max/denominator in
-registers, and multiplies by act(gate) before the single store. Backward, as two kernels like
+registers, and multiplies by act(gate) before the single store (for sigmoid gates the
+ungated output is never written: see _flash_common.OUTPUT_ONLY_GATES). Backward, as two kernels like
 FlashAttention-2: dq per q block, and dk/dv per kv block looping over the query heads of its
 GQA group, both recomputing the weights from the saved per-row lse. Nothing S x S is stored,
 and k/v are never repeated for GQA (the BlockSpec index maps a query head to its kv head).
@@ -207,7 +208,7 @@ def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
     if residuals:
         out_shapes.append(jax.ShapeDtypeStruct((b, h, S), jnp.float32))
         out_specs.append(pl.BlockSpec((None, None, bq), lambda b_, h_, i: (b_, h_, i)))
-        if p.gate_kind:
+        if fc.stores_ungated(p):
             out_shapes.append(jax.ShapeDtypeStruct((b, S, h, D), q.dtype))
             out_specs.append(row)
     outs = pl.pallas_call(
@@ -219,7 +220,7 @@ def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
     if not residuals:
         return out, None, None
     lse = outs[1][:, :, :p.seq]
-    o = outs[2][:, :p.seq, :, :p.head_dim] if p.gate_kind else out
+    o = outs[2][:, :p.seq, :, :p.head_dim] if fc.stores_ungated(p) else out
     return out, lse, o
 
 

@@ -264,7 +264,7 @@ def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
     if residuals:
         out_shape.append(jax.ShapeDtypeStruct((b, h, S, 1), jnp.float32))
         out_specs.append(col)
-        if p.gate_kind:
+        if fc.stores_ungated(p):
             out_shape.append(jax.ShapeDtypeStruct((b, h, S, D), q.dtype))
             out_specs.append(row)
     scratch = [pltpu.VMEM((bq, 1), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
@@ -277,7 +277,7 @@ def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
     if not residuals:
         return out, None, None
     lse = outs[1][:, :, :p.seq, 0]
-    o = _seq_major(p, outs[2]) if p.gate_kind else out
+    o = _seq_major(p, outs[2]) if fc.stores_ungated(p) else out
     return out, lse, o
 
 
