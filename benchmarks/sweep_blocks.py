@@ -5,10 +5,9 @@
 
 Phase "fwd" times the forward for each FWD_CANDIDATES entry (block_q, block_kv, num_warps,
 num_stages), backward sizes left as the table has them. Phase "fwd+bwd" fixes the forward
-winner's block_q/block_kv and times forward+backward for each BWD_CANDIDATES entry (the dq
-kernel's and the dk/dv kernel's tiles, and num_warps/num_stages). The three kernels share
-num_warps and num_stages, so a backward candidate that sets them changes the forward's too; the
-final pick is the phase-2 winner, judged on forward+backward time, which is what training pays.
+winner and times forward+backward for each BWD_CANDIDATES entry (the dq kernel's and the dk/dv
+kernel's tiles, and the backward kernels' own num_warps_bwd/num_stages_bwd), so the two phases
+tune separate knobs; the final pick is the phase-2 winner.
 The first candidate of each phase is the current table entry (ops/block_sizes.py).
 
 Every shape of one head_dim is timed per candidate (median of --iters calls after --warmup).
@@ -58,8 +57,8 @@ MAX_ERR = 2e-2  # bf16 inputs and outputs: about 3e-3 for the output, up to abou
 # Forward: (block_q, block_kv, num_warps, num_stages). The current table entry comes first.
 FWD_CANDIDATES = ((128, 64, 4, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3),
                   (128, 32, 4, 4))
-# Backward: (block_q_dq, block_kv_dq, block_q_dkv, block_kv_dkv, num_warps, num_stages);
-# None keeps the forward winner's num_warps / num_stages. The current entry comes first.
+# Backward: (block_q_dq, block_kv_dq, block_q_dkv, block_kv_dkv, num_warps_bwd,
+# num_stages_bwd); None keeps the table's backward warps / stages. The current entry first.
 BWD_CANDIDATES = ((128, 64, 64, 128, None, None), (128, 32, 32, 128, None, None),
                   (64, 64, 64, 64, 4, 2), (128, 64, 64, 128, 8, 2),
                   (32, 32, 32, 32, None, None))
@@ -77,7 +76,8 @@ def fwd_label(sizes: dict[str, int]) -> str:
 def bwd_label(sizes: dict[str, int]) -> str:
     return (f"q{sizes['block_q']} kv{sizes['block_kv']} dq {sizes['block_q_dq']}x"
             f"{sizes['block_kv_dq']} dkv {sizes['block_q_dkv']}x{sizes['block_kv_dkv']} "
-            f"w{sizes['num_warps']} s{sizes['num_stages']}")
+            f"w{sizes['num_warps']} s{sizes['num_stages']} "
+            f"bwd w{sizes['num_warps_bwd']} s{sizes['num_stages_bwd']}")
 
 
 def shape_label(shape) -> str:
@@ -119,7 +119,7 @@ def bwd_candidates(current: dict[str, int], fwd_best: dict[str, int],
         cand = dict(fwd_best, block_q_dq=q_dq, block_kv_dq=kv_dq, block_q_dkv=q_dkv,
                     block_kv_dkv=kv_dkv)
         if warps is not None:
-            cand.update(num_warps=warps, num_stages=stages)
+            cand.update(num_warps_bwd=warps, num_stages_bwd=stages)
         if cand not in out:
             out.append(cand)
     return out

@@ -58,6 +58,12 @@ def test_block_size_table_and_overrides():
     # The model config's two keys set the backward tiles too unless those are given.
     over = block_sizes.block_sizes_for(64, {"block_q": 32, "block_kv": 16}, kind="h200")
     assert (over["block_q_dq"], over["block_kv_dkv"]) == (32, 16)
+    warps = block_sizes.block_sizes_for(64, {"num_warps": 2}, kind="h200")
+    assert (warps["num_warps"], warps["num_warps_bwd"], warps["num_stages_bwd"]) == (2, 2, 3)
+    both = block_sizes.block_sizes_for(64, {"num_warps": 2, "num_warps_bwd": 8}, kind="h200")
+    assert (both["num_warps"], both["num_warps_bwd"]) == (2, 8)
+    for kind, rows in block_sizes.TABLE.items():  # every row names every key
+        assert all(set(row) == set(block_sizes.BLOCK_KEYS) for row in rows.values()), kind
     with pytest.raises(ValueError, match="unknown device kind 'v100x'"):
         block_sizes.block_sizes_for(64, kind="v100x")
     with pytest.raises(ValueError, match="must be a power of two"):

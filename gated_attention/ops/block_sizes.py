@@ -1,9 +1,10 @@
 """Block sizes for the Pallas attention kernels: a small table per device kind, overridable.
 
 Keys: block_q / block_kv (forward), block_q_dq / block_kv_dq (dq kernel), block_q_dkv /
-block_kv_dkv (dk/dv kernel), num_warps / num_stages (Triton only). A user override such as the
-model config's `model.block_sizes = {"block_q": 64, "block_kv": 64}` sets the forward sizes and,
-unless given separately, the matching backward ones too.
+block_kv_dkv (dk/dv kernel), num_warps / num_stages (Triton, forward) and num_warps_bwd /
+num_stages_bwd (Triton, both backward kernels). A user override such as the model config's
+`model.block_sizes = {"block_q": 64, "block_kv": 64}` sets the forward sizes and, unless given
+separately, the matching backward ones too (num_warps sets num_warps_bwd the same way).
 """
 
 from __future__ import annotations
@@ -11,7 +12,11 @@ from __future__ import annotations
 import jax
 
 BLOCK_KEYS = ("block_q", "block_kv", "block_q_dq", "block_kv_dq", "block_q_dkv",
-              "block_kv_dkv", "num_warps", "num_stages")
+              "block_kv_dkv", "num_warps", "num_stages", "num_warps_bwd", "num_stages_bwd")
+# A forward key given alone also sets these backward keys.
+FOLLOWS_FORWARD = {"block_q": ("block_q_dq", "block_q_dkv"),
+                   "block_kv": ("block_kv_dq", "block_kv_dkv"),
+                   "num_warps": ("num_warps_bwd",), "num_stages": ("num_stages_bwd",)}
 
 # Triton on Hopper: 128x64 tiles for d<=128 keep registers in check at 4-8 warps; d=256 halves
 # the q tile. Backward kernels use 64x64 (dq and dkv each hold two accumulators).
@@ -23,19 +28,22 @@ _GPU = {
     256: dict(block_q=64, block_kv=32, block_q_dq=32, block_kv_dq=32, block_q_dkv=32,
               block_kv_dkv=32, num_warps=8, num_stages=2),
 }
+_GPU = {d: dict(cfg, num_warps_bwd=cfg["num_warps"], num_stages_bwd=cfg["num_stages"])
+        for d, cfg in _GPU.items()}
 _GPU_SMALL = {  # pre-Hopper (A100 and similar): fewer stages fit in shared memory
-    d: dict(cfg, num_stages=2) for d, cfg in _GPU.items()
+    d: dict(cfg, num_stages=2, num_stages_bwd=2) for d, cfg in _GPU.items()
 }
 # Mosaic TPU: MXU-sized tiles (multiples of 128); larger kv tiles amortise the grid step.
 _TPU = {
     d: dict(block_q=512 if d <= 128 else 256, block_kv=512 if d <= 128 else 256,
             block_q_dq=256, block_kv_dq=256, block_q_dkv=256, block_kv_dkv=256,
-            num_warps=0, num_stages=0)
+            num_warps=0, num_stages=0, num_warps_bwd=0, num_stages_bwd=0)
     for d in (64, 128, 256)
 }
 # CPU runs the kernels in interpret mode: small tiles, so tests see several blocks.
 _CPU = {d: dict(block_q=32, block_kv=32, block_q_dq=32, block_kv_dq=32, block_q_dkv=32,
-                block_kv_dkv=32, num_warps=4, num_stages=1) for d in (64, 128, 256)}
+                block_kv_dkv=32, num_warps=4, num_stages=1, num_warps_bwd=4, num_stages_bwd=1)
+        for d in (64, 128, 256)}
 
 TABLE: dict[str, dict[int, dict[str, int]]] = {
     "h200": _GPU, "h100": _GPU, "gh200": _GPU, "b200": _GPU,
@@ -75,8 +83,7 @@ def block_sizes_for(head_dim: int, overrides: dict[str, int] | None = None, *,
             raise ValueError(f"block_sizes[{key!r}]={value!r} must be a positive int")
         if key.startswith("block") and value & (value - 1):
             raise ValueError(f"block_sizes[{key!r}]={value} must be a power of two")
-    for fwd_key, bwd_keys in (("block_q", ("block_q_dq", "block_q_dkv")),
-                              ("block_kv", ("block_kv_dq", "block_kv_dkv"))):
+    for fwd_key, bwd_keys in FOLLOWS_FORWARD.items():
         if fwd_key in overrides:
             for bwd_key in bwd_keys:
                 sizes[bwd_key] = overrides.get(bwd_key, overrides[fwd_key])

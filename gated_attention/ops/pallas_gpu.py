@@ -170,9 +170,10 @@ def _padded_segments(p: fc.Problem, seg):
     return None if seg is None else fc.pad_axis(seg.astype(jnp.int32), 1, p.padded, -1)
 
 
-def _params(static: fc.Static) -> plgpu.CompilerParams:
-    return plgpu.CompilerParams(num_warps=static.size("num_warps"),
-                                num_stages=static.size("num_stages"))
+def _params(static: fc.Static, backward: bool = False) -> plgpu.CompilerParams:
+    suffix = "_bwd" if backward else ""
+    return plgpu.CompilerParams(num_warps=static.size("num_warps" + suffix),
+                                num_stages=static.size("num_stages" + suffix))
 
 
 def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
@@ -245,7 +246,7 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
         functools.partial(_dq_kernel, p=p, bq=bq, bkv=bkv),
         out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype), grid=(b, h, S // bq),
         in_specs=[row, whole_kv, whole_kv, row, stat, stat, table, table, *seg_specs],
-        out_specs=row, compiler_params=_params(static), interpret=static.interpret,
+        out_specs=row, compiler_params=_params(static, backward=True), interpret=static.interpret,
         name="gated_flash_dq",
     )(qp, kp, vp, dop, lsep, deltap, lo, hi, *seg_args)
 
@@ -262,7 +263,7 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
         grid=(b, n, S // bkv),
         in_specs=[grouped, kv_row, kv_row, grouped, grouped_stat, grouped_stat, table, table,
                   *seg_specs],
-        out_specs=[kv_row, kv_row], compiler_params=_params(static),
+        out_specs=[kv_row, kv_row], compiler_params=_params(static, backward=True),
         interpret=static.interpret, name="gated_flash_dkv",
     )(qp.reshape(b, S, n, g, D), kp, vp, dop.reshape(b, S, n, g, D),
       lsep.reshape(b, n, g, S), deltap.reshape(b, n, g, S), qlo, qhi, *seg_args)
