@@ -21,9 +21,11 @@ command cannot stream its output into a bucket object, so it writes to a local s
 `<root>/_logs/<log>` while it runs (every LOG_SYNC_SECONDS) and when it ends.
 
 On a pod every worker runs this same command (`--worker`, default $GATED_ATTENTION_WORKER_ID,
-else 0): all of them launch the same commands in the same order, since a multi-host run needs
-every worker, but only worker 0 writes into the root (status files, runs.json, logs). Other
-workers read the status files to make the same plan, and keep their logs in the local spool.
+else 0): all of them launch the same training commands in the same order, since a multi-host
+run needs every worker, but only worker 0 writes into the root (status files, runs.json, logs)
+and only worker 0 analyses a run (a single-host job that writes into the run's workdir); the
+others meanwhile wait to join the next run (launch_grid.sh gives them an hour). Other workers
+read the status files to make the same plan, and keep their logs in the local spool.
 """
 
 from __future__ import annotations
@@ -228,7 +230,7 @@ def execute(run: grid_lib.Run, place: GridPlace, train_cmd: list[str],
     status.update(run.to_dict(), train_command=train_cmd, analyze_command=analyze_cmd,
                   attempts=status.get("attempts", 0) + 1, started=_now())
     steps = [("training", "train", train_cmd)] if not status.get("trained") else []
-    if analyze_cmd is not None:
+    if analyze_cmd is not None and place.writes_root:  # analysis is one host's job: worker 0
         steps.append(("analysing", "analyze", analyze_cmd))
     for state, kind, cmd in steps:
         status.update(state=state, error=None)

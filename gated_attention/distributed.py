@@ -27,6 +27,9 @@ ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID = (
 # Set to 1 by tpu_scripts/launch.sh: join the pod's processes (jax finds the coordinator from
 # the TPU metadata), even where the worker's environment does not show it is a pod.
 ENV_MULTIHOST = "GATED_ATTENTION_MULTIHOST"
+# Seconds the processes wait for each other to join (jax's default: 300). A grid on a pod
+# sets it higher: worker 0 analyses a run while the others already wait for the next one.
+ENV_INIT_TIMEOUT = "GATED_ATTENTION_INIT_TIMEOUT_S"
 
 
 def on_tpu_pod(env: Mapping[str, str] | None = None) -> bool:
@@ -75,10 +78,15 @@ def initialize(multihost: bool | None = None, *, coordinator_address: str | None
     if num_processes is not None and process_id is not None and not (
             0 <= process_id < num_processes):
         raise ValueError(f"process_id={process_id} must be in 0..{num_processes - 1}")
+    timeout = _env_int(env, ENV_INIT_TIMEOUT)
+    if timeout is not None and timeout <= 0:
+        raise ValueError(f"environment variable {ENV_INIT_TIMEOUT}={timeout} must be a positive "
+                         "number of seconds")
     if jax.distributed.is_initialized():
         return True
     jax.distributed.initialize(coordinator_address=coordinator_address,
-                               num_processes=num_processes, process_id=process_id)
+                               num_processes=num_processes, process_id=process_id,
+                               **({} if timeout is None else {"initialization_timeout": timeout}))
     return True
 
 

@@ -228,25 +228,27 @@ def test_runner_on_a_bucket_root_writes_only_from_worker_0(tmp_path, fake_bucket
     assert local.read_text() == log
 
     # Worker 1 (from the environment, as on a pod) plans from the status files and runs
-    # exactly the commands worker 0 will run, writing nothing into the root.
+    # exactly the training commands worker 0 will run (analysis is worker 0's alone),
+    # writing nothing into the root.
     before = _tree(fake_bucket)
     monkeypatch.setenv("FAIL_VARIANTS", "")
     monkeypatch.setenv("GATED_ATTENTION_WORKER_ID", "1")
     calls.unlink()
     assert run_grid.main(argv) == 0
     worker1_calls = calls.read_text().splitlines()
-    assert worker1_calls == ["train gs://bucket/g/tiny-g1_sdpa_headwise-s0",
-                             "analyze gs://bucket/g/tiny-g1_sdpa_headwise-s0"]
+    assert worker1_calls == ["train gs://bucket/g/tiny-g1_sdpa_headwise-s0"]
     assert _tree(fake_bucket) == before
     assert (spool / "gs_bucket_g" / "worker1" / "tiny-g1_sdpa_headwise-s0.train.log"
             ).read_text().endswith("train output of g1_sdpa_headwise\n")
     assert "worker 1: running the same commands" in capsys.readouterr().out
 
-    # Worker 0 again: the same commands; the failed attempt's log is kept above the new one.
+    # Worker 0 again: the same training, then the analysis; the failed attempt's log is kept
+    # above the new one.
     monkeypatch.delenv("GATED_ATTENTION_WORKER_ID")
     calls.unlink()
     assert run_grid.main(argv) == 0
-    assert calls.read_text().splitlines() == worker1_calls
+    assert calls.read_text().splitlines() == worker1_calls + [
+        "analyze gs://bucket/g/tiny-g1_sdpa_headwise-s0"]
     assert all(json.loads((bucket / "_status" / f"{n}.json").read_text())["state"] == "done"
                for n in names)
     log = (logs / "tiny-g1_sdpa_headwise-s0.train.log").read_text()

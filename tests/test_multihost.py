@@ -31,6 +31,8 @@ def test_initialize_decides_from_flags_and_environment():
     assert distributed.initialize(None, env={"GATED_ATTENTION_MULTIHOST": "0"}) is False
     with pytest.raises(ValueError, match="GATED_ATTENTION_MULTIHOST='maybe' must be 1 or 0"):
         distributed.initialize(None, env={"GATED_ATTENTION_MULTIHOST": "maybe"})
+    with pytest.raises(ValueError, match="GATED_ATTENTION_INIT_TIMEOUT_S=0 must be a positive"):
+        distributed.initialize(True, env={"GATED_ATTENTION_INIT_TIMEOUT_S": "0"})
     with pytest.raises(ValueError, match="process_id=2 must be in 0..1"):
         distributed.initialize(True, coordinator_address="localhost:1", num_processes=2,
                                process_id=2, env={})

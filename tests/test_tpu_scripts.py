@@ -116,7 +116,8 @@ def test_launch_grid_runs_the_grid_runner_with_a_gcs_root(tmp_path):
         in command
     remote = shlex.split(command)
     start = remote.index("experiments.run_grid")
-    assert remote[start - 5:start] == ["GATED_ATTENTION_MULTIHOST=1", "setsid", "nohup",
+    assert remote[start - 6:start] == ["GATED_ATTENTION_MULTIHOST=1",
+                                       "GATED_ATTENTION_INIT_TIMEOUT_S=3600", "setsid", "nohup",
                                        ".venv/bin/python", "-m"]
     assert remote[start + 1:start + 15] == [
         "experiments/grids/table1.py", "--root", "gs://bkt/ga/grids/t1", "--parallel", "1",
@@ -134,7 +135,8 @@ def _fake_worker(tmp_path, curl_script):
     venv.mkdir(parents=True)
     bin_dir.mkdir()
     (venv / "python").write_text('#!/bin/sh\necho "id=$GATED_ATTENTION_WORKER_ID '
-                                 'multihost=$GATED_ATTENTION_MULTIHOST args=$*" > "$HOME/ran"\n')
+                                 'multihost=$GATED_ATTENTION_MULTIHOST '
+                                 'timeout=$GATED_ATTENTION_INIT_TIMEOUT_S args=$*" > "$HOME/ran"\n')
     (bin_dir / "curl").write_text("#!/bin/sh\n" + curl_script)
     for script in (venv / "python", bin_dir / "curl"):
         script.chmod(0o755)
@@ -166,8 +168,9 @@ def test_launch_grid_remote_command_runs_with_the_metadata_worker_number(tmp_pat
     while not (ran.exists() and ran.read_text().endswith("\n")) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ran.read_text() == (
-        "id=3 multihost=1 args=-m experiments.run_grid experiments/grids/table1.py --root "
-        "gs://bkt/ga/grids/t1 --parallel 1 --worker 3 --scale tiny\n")
+        "id=3 multihost=1 timeout=3600 args=-m experiments.run_grid "
+        "experiments/grids/table1.py --root gs://bkt/ga/grids/t1 --parallel 1 --worker 3 "
+        "--scale tiny\n")
     assert (home / "logs" / "grid-t1.log").exists()
 
 

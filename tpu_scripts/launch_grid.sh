@@ -33,7 +33,10 @@ log="$REMOTE_LOGS/grid-$FLAG_name.log"
 # nothing), then the grid runner in the background (setsid + nohup: it survives the session).
 remote="mkdir -p $REMOTE_LOGS && cd $REMOTE_DIR"
 remote+=" && if GATED_ATTENTION_WORKER_ID=\$($worker_id); then export GATED_ATTENTION_WORKER_ID;"
-remote+=" GATED_ATTENTION_MULTIHOST=1 setsid nohup $grid > $log 2>&1 < /dev/null &"
+# Only worker 0 analyses each run (one host's job); meanwhile the others wait to join the
+# next run, for up to an hour instead of jax's 5 minutes.
+remote+=" GATED_ATTENTION_MULTIHOST=1 GATED_ATTENTION_INIT_TIMEOUT_S=3600"
+remote+=" setsid nohup $grid > $log 2>&1 < /dev/null &"
 remote+=" else echo \"error: \$(hostname): no worker number from the TPU metadata server\" >&2;"
 remote+=" exit 1; fi"
 tpu_ssh all "$remote"
