@@ -241,6 +241,10 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
     if data.source == "files":
         _check(bool(data.paths.strip()), "data.source='files' needs data.paths (comma-separated "
                "paths or globs of .txt / .jsonl files)")
+    from gated_attention.paths import is_local
+
+    _check(is_local(data.cache_dir), f"data.cache_dir={data.cache_dir!r} must be a local folder "
+           "(each host's own cache); the workdir and data.paths may be in a bucket")
     if data.source == "seqio":
         _check(bool(data.tokenizer_path), "data.source='seqio' needs data.tokenizer_path (a "
                "SentencePiece .model file with model.vocab_size pieces)")

@@ -34,6 +34,7 @@ def _config(**changes):
     ({"data__source": "files"}, r"data.source='files' needs data.paths"),
     ({"data__source": "seqio"}, r"data.source='seqio' needs data.tokenizer_path"),
     ({"data__seq_len": 1}, r"data.seq_len=1 must be >= 2"),
+    ({"data__cache_dir": "gs://b/cache"}, r"data.cache_dir='gs://b/cache' must be a local"),
     ({"optimizer__warmup_steps": 5000}, r"optimizer.warmup_steps=5000 must be in \[0, "
                                         r"train.steps=1000\]"),
     ({"optimizer__final_lr": 1.0}, r"optimizer.final_lr=1.0 must be in \[0, peak_lr="),
