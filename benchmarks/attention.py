@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gated_attention import ops
+from gated_attention.data.packing import random_segment_ids
 from gated_attention.ops import reference
 from gated_attention.ops._flash_common import attention_flops
 from gated_attention.ops.block_sizes import device_kind_key
@@ -273,15 +274,6 @@ SMALL_CHECK_CASES = (
 )
 
 
-def random_segments(rng: np.random.Generator, batch: int, seq: int) -> np.ndarray:
-    """Sorted ids, 2-4 packed documents of random lengths per row."""
-    rows = []
-    for _ in range(batch):
-        cuts = np.sort(rng.choice(np.arange(1, seq), size=rng.integers(1, 4), replace=False))
-        rows.append(np.searchsorted(cuts, np.arange(seq), side="right"))
-    return np.stack(rows).astype(np.int32)
-
-
 def make_inputs(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int,
                 gate: str | None, segments: bool, dtype, seed: int = 0) -> dict:
     """q, k, v, gate, segment ids and a float32 probe (the linear loss's weights)."""
@@ -293,7 +285,7 @@ def make_inputs(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int,
         q=normal(batch, seq, heads, head_dim), k=normal(batch, seq, kv_heads, head_dim),
         v=normal(batch, seq, kv_heads, head_dim),
         gate=None if gate_shape is None else normal(*gate_shape),
-        seg=jnp.asarray(random_segments(rng, batch, seq)) if segments else None,
+        seg=jnp.asarray(random_segment_ids(rng, batch, seq)) if segments else None,
         probe=jnp.asarray(rng.standard_normal((batch, seq, heads, head_dim)), jnp.float32),
     )
 

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gated_attention.data.packing import random_segment_ids
 from gated_attention.ops import reference
 
 # Interpret-mode kernels are big XLA programs: skipping the expensive LLVM passes halves the
@@ -48,15 +49,6 @@ class Case:
                 f"-d{self.head_dim}-{self.dtype}")
 
 
-def random_segments(rng: np.random.Generator, batch: int, seq: int) -> np.ndarray:
-    """Sorted ids with 2-4 segments per row, lengths random (packed sequences)."""
-    rows = []
-    for _ in range(batch):
-        cuts = np.sort(rng.choice(np.arange(1, seq), size=rng.integers(1, 4), replace=False))
-        rows.append(np.searchsorted(cuts, np.arange(seq), side="right"))
-    return np.stack(rows).astype(np.int32)
-
-
 def make_inputs(case: Case, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     b, s, h, n, d = case.batch, case.seq, case.heads, case.kv_heads, case.head_dim
@@ -68,7 +60,7 @@ def make_inputs(case: Case, seed: int = 0) -> dict:
         gate=None if gate_shape is None else normal(*gate_shape),
         sink=(jnp.asarray(rng.standard_normal(h), jnp.float32)
               if case.normalizer == "learned_sink" else None),
-        segment_ids=jnp.asarray(random_segments(rng, b, s)) if case.segments else None,
+        segment_ids=jnp.asarray(random_segment_ids(rng, b, s)) if case.segments else None,
         probe=jnp.asarray(rng.standard_normal((b, s, h, d)), jnp.float64),
     )
 
