@@ -243,7 +243,9 @@ def test_expert_parallel_matches_single_device(mesh_shape, impl, monkeypatch):
     assert exchanges and set(exchanges) == {mesh_shape["expert"]}  # the all-to-all path ran
     np.testing.assert_allclose(value, value_one, rtol=1e-5)
     for g, g_one in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_one)):
-        np.testing.assert_allclose(g, g_one, rtol=1e-4, atol=1e-6)
+        # float32 sums in another order: relative to each leaf's scale
+        scale = float(np.max(np.abs(g_one)))
+        np.testing.assert_allclose(g, g_one, rtol=1e-4, atol=1e-5 * scale)
 
 
 def test_expert_parallel_capacity_counts_per_device():
