@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -42,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks/ fold
 
 import attention as bench  # noqa: E402 - benchmarks/attention.py: inputs, timing, errors
 
-from gated_attention import ops  # noqa: E402
+from gated_attention import ops, paths  # noqa: E402
 from gated_attention.ops._flash_common import attention_flops  # noqa: E402
 from gated_attention.ops.block_sizes import (  # noqa: E402
     BLOCK_KEYS,
@@ -175,9 +174,7 @@ class Sweep:
     def save(self) -> None:
         if self.out is None:
             return
-        tmp = self.out.with_suffix(self.out.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.report, indent=1) + "\n")
-        os.replace(tmp, self.out)
+        paths.write_atomic(self.out, json.dumps(self.report, indent=1) + "\n")
 
     def inputs_for(self, shape, kv_heads: int | None = None, seed: int = 0) -> dict:
         key = (shape, kv_heads, seed)

@@ -125,12 +125,7 @@ def keep_earlier(out: epath.Path, step: int) -> None:
     old_step = json.loads(old_file.read_text()).get("step")
     if old_step == step:
         return
-    target = out.with_name(f"{ANALYSIS_DIR}.step{old_step}")
-    n = 1
-    while target.exists():
-        target = out.with_name(f"{ANALYSIS_DIR}.step{old_step}-{n}")
-        n += 1
-    paths.move_tree(out, target)
+    target = paths.move_aside(out, f"{ANALYSIS_DIR}.step{old_step}")
     print(f"Moved the analysis of step {old_step} to {target}")
 
 

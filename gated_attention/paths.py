@@ -69,6 +69,16 @@ def append_text(path: PathLike, text: str) -> None:
     path.write_text(old + text)
 
 
+def move_aside(source: PathLike, name: str) -> epath.Path:
+    """Move `source` to the sibling `name` (or `name-1`, `name-2`, ... if taken); returns it."""
+    source = resolve(source)
+    target, n = source.with_name(name), 1
+    while target.exists():
+        target, n = source.with_name(f"{name}-{n}"), n + 1
+    move_tree(source, target)
+    return target
+
+
 def move_tree(source: PathLike, target: PathLike) -> None:
     """Move a directory; `target` must not exist. Nothing is removed before it is copied."""
     source, target = resolve(source), resolve(target)

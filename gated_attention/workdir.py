@@ -48,14 +48,7 @@ def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def backup(workdir: epath.Path) -> epath.Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target = workdir.with_name(f"{workdir.name}.backup-{stamp}")
-    n = 1
-    while target.exists():
-        target = workdir.with_name(f"{workdir.name}.backup-{stamp}-{n}")
-        n += 1
-    paths.move_tree(workdir, target)
-    return target
+    return paths.move_aside(workdir, f"{workdir.name}.backup-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 def prepare(workdir: str | os.PathLike[str], config: Any, *, overwrite: bool = False,

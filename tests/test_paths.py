@@ -36,3 +36,15 @@ def test_write_append_move(root, tmp_path, fake_bucket):
     paths.write_atomic(base / "x", "y")
     with pytest.raises(FileExistsError, match="refusing"):
         paths.move_tree(base, moved)
+
+
+@pytest.mark.parametrize("root", ["local", "gs://bucket/r"])
+def test_move_aside_never_reuses_a_taken_name(root, tmp_path, fake_bucket):
+    base = paths.resolve(tmp_path / "local" / "run" if root == "local" else root + "/run")
+    for content in ("first", "second", "third"):
+        paths.write_atomic(base / "f.txt", content)
+        paths.move_aside(base, "run.old")
+    names = sorted(p.name for p in base.parent.iterdir())
+    assert names == ["run.old", "run.old-1", "run.old-2"]
+    assert [(base.parent / n / "f.txt").read_text() for n in names] == ["first", "second",
+                                                                       "third"]

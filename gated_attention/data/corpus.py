@@ -119,10 +119,7 @@ def _cached(kind: str, files: Sequence[pathlib.Path], cache_dir: str,
     if path.exists():
         return [Document(n, t) for n, t in json.loads(path.read_text("utf-8"))]
     documents = build()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps([[d.name, d.text] for d in documents]), "utf-8")
-    tmp.replace(path)
+    run_paths.write_atomic(path, json.dumps([[d.name, d.text] for d in documents]))
     return documents
 
 

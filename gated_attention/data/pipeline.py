@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
 from collections.abc import Sequence
@@ -101,10 +102,9 @@ def _cached_tokenize(documents: Sequence[corpus_lib.Document], tokenizer: Tokeni
         with np.load(path) as data:
             return TokenizedSplit(data["tokens"], data["offsets"])
     split = tokenize(documents, tokenizer, add_eos)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.npz")
-    np.savez(tmp, tokens=split.tokens, offsets=split.offsets)
-    tmp.replace(path)
+    buffer = io.BytesIO()
+    np.savez(buffer, tokens=split.tokens, offsets=split.offsets)
+    paths.write_atomic(path, buffer.getvalue())
     return split
 
 
