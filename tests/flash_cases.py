@@ -9,13 +9,17 @@ inputs. Errors are max|kernel - reference| / max|reference| per array.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from types import ModuleType
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from gated_attention.data.packing import random_segment_ids
 from gated_attention.ops import reference
+from gated_attention.ops.block_sizes import block_sizes_for
 
 # Interpret-mode kernels are big XLA programs: skipping the expensive LLVM passes halves the
 # compile time and changes no numerics that the tolerances below could see.
@@ -101,3 +105,56 @@ def _rel(x: jax.Array, ref: jax.Array) -> float:
     x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
     assert np.all(np.isfinite(x)), "non-finite values"
     return float(np.max(np.abs(x - ref)) / max(np.max(np.abs(ref)), 1e-30))
+
+
+# ----------------------------------------------------------------------------- one per backend
+
+
+def check_case(attention_fn, case: Case) -> None:
+    """Output and gradients within the case's tolerance of the float64 reference."""
+    errs = errors(attention_fn, case,
+                  block_sizes=dict(block_q=case.block_q, block_kv=case.block_kv))
+    assert set(errs) >= {"out", "dq", "dk", "dv"} or not case.grads
+    bad = {name: err for name, err in errs.items() if not err <= case.tol}
+    assert not bad, f"errors above {case.tol}: {bad}"
+
+
+def lowered_text(kernel_module: ModuleType, kind: str, platform: str, seq: int,
+                 head_dim: int) -> str:
+    """StableHLO of forward + backward (every feature on) for `platform`, with `kind`'s tiles.
+
+    No device is needed: this checks the Triton / Mosaic lowering of all three kernels.
+    """
+    b, h, n = 1, 4, 2
+    bf16 = jnp.bfloat16
+    q = jax.ShapeDtypeStruct((b, seq, h, head_dim), bf16)
+    kv = jax.ShapeDtypeStruct((b, seq, n, head_dim), bf16)
+    gate = jax.ShapeDtypeStruct((b, seq, h, head_dim), bf16)
+    seg = jax.ShapeDtypeStruct((b, seq), jnp.int32)
+    sink = jax.ShapeDtypeStruct((h,), jnp.float32)
+
+    def loss(q, k, v, gate, seg, sink):
+        static = kernel_module._static(q, k, gate, "sigmoid", seg, True, "learned_sink", False,
+                                       None)
+        sizes = block_sizes_for(head_dim, None, kind=kind)
+        static = dataclasses.replace(static, interpret=False, sizes=tuple(sorted(sizes.items())))
+        out = kernel_module._flash(static, q, k, v, seg, gate, sink)
+        return jnp.sum(out.astype(jnp.float32))
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 5)))
+    text = grads.trace(q, kv, kv, gate, seg, sink).lower(lowering_platforms=(platform,)).as_text()
+    for kernel in ("gated_flash_fwd", "gated_flash_dq", "gated_flash_dkv"):
+        assert kernel in text
+    return text
+
+
+def check_refusals(attention_fn: Callable) -> None:
+    """Bad block sizes and unequal query / key lengths are refused with a clear message."""
+    q = jnp.zeros((1, 16, 2, 64), jnp.float32)
+    with pytest.raises(ValueError, match="block_sizes\\['block_q'\\]"):
+        attention_fn(q, q, q, block_sizes=dict(block_q=24))
+    with pytest.raises(ValueError, match="unknown key 'block_x'"):
+        attention_fn(q, q, q, block_sizes=dict(block_x=16))
+    k = jnp.zeros((1, 32, 2, 64), jnp.float32)
+    with pytest.raises(ValueError, match="equal query and key lengths"):
+        attention_fn(q, k, k)
