@@ -37,6 +37,19 @@ def _mask(p: fc.Problem, q_pos, k_pos, q_seg, k_seg):
     return mask
 
 
+def _kv_tile(p: fc.Problem, q, k_ref, v_ref, seg_ref, j, bkv: int, q_pos, q_seg,
+             masked: bool):
+    """k and v of kv block j, q's scaled logits against it, and their mask (None: all seen)."""
+    k = k_ref[pl.ds(j * bkv, bkv), :]
+    v = v_ref[pl.ds(j * bkv, bkv), :]
+    x = plgpu.dot(q, k, trans_b=True).astype(jnp.float32) * p.scale2
+    mask = None
+    if masked:
+        k_seg = None if seg_ref is None else seg_ref[pl.ds(j * bkv, bkv)]
+        mask = _mask(p, q_pos, j * bkv + jnp.arange(bkv), q_seg, k_seg)
+    return k, v, x, mask
+
+
 def _kv_loop(p: fc.Problem, body, init, lo, hi, i, bq: int, bkv: int):
     """Run body over kv blocks [lo, hi): mask-free tiles first, then the masked ones."""
     if p.has_segments:
@@ -64,13 +77,7 @@ def _fwd_kernel(*refs, p: fc.Problem, bq: int, bkv: int, residuals: bool):
 
     def body(j, carry, masked: bool):
         acc, m, mass_sum = carry
-        k = k_ref[pl.ds(j * bkv, bkv), :]
-        v = v_ref[pl.ds(j * bkv, bkv), :]
-        x = plgpu.dot(q, k, trans_b=True).astype(jnp.float32) * p.scale2
-        mask = None
-        if masked:
-            k_seg = None if seg_ref is None else seg_ref[pl.ds(j * bkv, bkv)]
-            mask = _mask(p, q_pos, j * bkv + jnp.arange(bkv), q_seg, k_seg)
+        k, v, x, mask = _kv_tile(p, q, k_ref, v_ref, seg_ref, j, bkv, q_pos, q_seg, masked)
         m, corr, weights, mass = fc.online_block(x, mask, m, p.normalizer)
         acc = acc * corr + plgpu.dot(weights.astype(v.dtype), v).astype(jnp.float32)
         return acc, m, mass_sum * corr + mass
@@ -101,13 +108,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, lo_ref, hi_ref, 
     q_seg = None if seg_ref is None else seg_ref[pl.ds(i * bq, bq)]
 
     def body(j, dq, masked: bool):
-        k = k_ref[pl.ds(j * bkv, bkv), :]
-        v = v_ref[pl.ds(j * bkv, bkv), :]
-        x = plgpu.dot(q, k, trans_b=True).astype(jnp.float32) * p.scale2
-        mask = None
-        if masked:
-            k_seg = None if seg_ref is None else seg_ref[pl.ds(j * bkv, bkv)]
-            mask = _mask(p, q_pos, j * bkv + jnp.arange(bkv), q_seg, k_seg)
+        k, v, x, mask = _kv_tile(p, q, k_ref, v_ref, seg_ref, j, bkv, q_pos, q_seg, masked)
         dw = plgpu.dot(do, v, trans_b=True).astype(jnp.float32)
         _, dx = fc.weights_and_dlogits(x, mask, lse, dw, delta, p.normalizer)
         return dq + plgpu.dot(dx.astype(k.dtype), k).astype(jnp.float32)

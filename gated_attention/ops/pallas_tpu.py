@@ -75,6 +75,17 @@ def _tile_mask(p: fc.Problem, i, j, bq: int, bkv: int, qseg_ref, kseg_ref):
     return _mask(p, i, j, bq, bkv, q_seg, k_seg)
 
 
+def _recompute_tile(p: fc.Problem, i, j, bq: int, bkv: int, masked: bool, q_ref, k_ref,
+                    v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_ref):
+    """q, k, do of one tile, its weights recomputed from lse, and the logits' gradient."""
+    q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+    x = _nt(q, k) * p.scale2
+    mask = _tile_mask(p, i, j, bq, bkv, qseg_ref, kseg_ref) if masked else None
+    w, dx = fc.weights_and_dlogits(x, mask, lse_ref[...], _nt(do, v), delta_ref[...],
+                                   p.normalizer)
+    return q, k, do, w, dx
+
+
 def _when_kv_visible(p: fc.Problem, step, i, j, lo, hi, bq: int, bkv: int) -> None:
     """step(masked) on kv block j if it is in [lo, hi); tiles needing no mask skip it."""
     visible = (j >= lo) & (j < hi)
@@ -143,11 +154,8 @@ def _dq_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, 
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
     def step(masked: bool):
-        q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-        x = _nt(q, k) * p.scale2
-        mask = _tile_mask(p, i, j, bq, bkv, qseg_ref, kseg_ref) if masked else None
-        _, dx = fc.weights_and_dlogits(x, mask, lse_ref[...], _nt(do, v),
-                                       delta_ref[...], p.normalizer)
+        _, k, _, _, dx = _recompute_tile(p, i, j, bq, bkv, masked, q_ref, k_ref, v_ref, do_ref,
+                                         lse_ref, delta_ref, qseg_ref, kseg_ref)
         acc_ref[...] += _nn(dx.astype(k.dtype), k)
 
     _when_kv_visible(p, step, i, j, lo, hi, bq, bkv)
@@ -172,11 +180,8 @@ def _dkv_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
         dv_acc[...] = jnp.zeros_like(dv_acc)
 
     def step(masked: bool):
-        q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-        x = _nt(q, k) * p.scale2
-        mask = _tile_mask(p, i, j, bq, bkv, qseg_ref, kseg_ref) if masked else None
-        w, dx = fc.weights_and_dlogits(x, mask, lse_ref[...], _nt(do, v),
-                                       delta_ref[...], p.normalizer)
+        q, _, do, w, dx = _recompute_tile(p, i, j, bq, bkv, masked, q_ref, k_ref, v_ref, do_ref,
+                                          lse_ref, delta_ref, qseg_ref, kseg_ref)
         dv_acc[...] += _tn(w.astype(do.dtype), do)
         dk_acc[...] += _tn(dx.astype(q.dtype), q)
 
