@@ -233,13 +233,11 @@ def _call(kernel, static: fc.Static, grid, in_specs, out_specs, out_shape, scrat
     )
 
 
-def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
-    p = static.problem
-    bq, bkv = static.size("block_q"), static.size("block_kv")
-    b, h, S, D, g = p.batch, p.heads, p.padded, p.padded_dim, p.group
-    nq, nkv = S // bq, S // bkv
-    segp, qseg, kseg = _segments(p, seg)
-    lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
+def _q_major_specs(p: fc.Problem, bq: int, bkv: int, nq: int):
+    """BlockSpecs of a grid (b, h, q block, kv block), as the forward and dq kernels use it:
+    q rows, per-row statistics, kv blocks (clamped into the visible range, so skipped steps
+    copy nothing new) and, with segment ids, the q and kv blocks' ids."""
+    g, D = p.group, p.padded_dim
 
     def kv_block(b_, h_, i, j, lo_, hi_):
         return (b_, _div(h_, g), _clamp(j, lo_[b_ * nq + i], hi_[b_ * nq + i]), 0)
@@ -247,12 +245,24 @@ def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
     row = pl.BlockSpec((None, None, bq, D), lambda b_, h_, i, j, *_: (b_, h_, i, 0))
     col = pl.BlockSpec((None, None, bq, 1), lambda b_, h_, i, j, *_: (b_, h_, i, 0))
     kv = pl.BlockSpec((None, None, bkv, D), kv_block)
-    in_specs = [row, kv, kv]
+    seg = []
+    if p.has_segments:
+        seg = [pl.BlockSpec((None, bq, 1), lambda b_, h_, i, j, *_: (b_, i, 0)),
+               pl.BlockSpec((None, 1, bkv), lambda *a: (a[0], 0, kv_block(*a)[2]))]
+    return row, col, kv, seg
+
+
+def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
+    p = static.problem
+    bq, bkv = static.size("block_q"), static.size("block_kv")
+    b, h, S, D = p.batch, p.heads, p.padded, p.padded_dim
+    nq, nkv = S // bq, S // bkv
+    segp, qseg, kseg = _segments(p, seg)
+    lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
+    row, col, kv, seg_specs = _q_major_specs(p, bq, bkv, nq)
+    in_specs = [row, kv, kv, *seg_specs]
     args = [_head_major(p, q), _head_major(p, k), _head_major(p, v)]
     if segp is not None:
-        in_specs += [pl.BlockSpec((None, bq, 1), lambda b_, h_, i, j, *_: (b_, i, 0)),
-                     pl.BlockSpec((None, 1, bkv),
-                                  lambda *a: (a[0], 0, kv_block(*a)[2]))]
         args += [qseg, kseg]
     if p.gate_kind == "elementwise":
         in_specs.append(row)
@@ -299,18 +309,8 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
     bq, bkv = static.size("block_q_dq"), static.size("block_kv_dq")
     nq, nkv = S // bq, S // bkv
     lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
-
-    def kv_block(b_, h_, i, j, lo_, hi_):
-        return (b_, _div(h_, g), _clamp(j, lo_[b_ * nq + i], hi_[b_ * nq + i]), 0)
-
-    row = pl.BlockSpec((None, None, bq, D), lambda b_, h_, i, j, *_: (b_, h_, i, 0))
-    col = pl.BlockSpec((None, None, bq, 1), lambda b_, h_, i, j, *_: (b_, h_, i, 0))
-    kv = pl.BlockSpec((None, None, bkv, D), kv_block)
-    seg_specs, seg_args = [], []
-    if segp is not None:
-        seg_specs = [pl.BlockSpec((None, bq, 1), lambda b_, h_, i, j, *_: (b_, i, 0)),
-                     pl.BlockSpec((None, 1, bkv), lambda *a: (a[0], 0, kv_block(*a)[2]))]
-        seg_args = [qseg, kseg]
+    row, col, kv, seg_specs = _q_major_specs(p, bq, bkv, nq)
+    seg_args = [] if segp is None else [qseg, kseg]
     kernel = functools.partial(_dq_kernel, p=p, bq=bq, bkv=bkv, nq=nq, nkv=nkv)
     dq = _call(kernel, static, (b, h, nq, nkv), [row, kv, kv, row, col, col, *seg_specs], row,
                jax.ShapeDtypeStruct((b, h, S, D), q.dtype), [pltpu.VMEM((bq, D), jnp.float32)],
