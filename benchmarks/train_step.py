@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gated_attention import config_lib, inspect, sharding, train
+from gated_attention import config_lib, distributed, inspect, sharding, train
 
 # Dense bf16 peak per chip, TFLOP/s (vendor figures, without sparsity).
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "TPU v4": 275.0,
@@ -58,7 +58,7 @@ def benchmark(arch: str, variant: str, args: argparse.Namespace) -> dict[str, fl
     if args.packed:  # segment ids rule out cuDNN attention on a GPU (no segment-ids argument)
         batch["segment_ids"] = np.ones(shape, np.int32)
         batch["positions"] = np.broadcast_to(np.arange(args.seq_len, dtype=np.int32), shape)
-    batch = train.to_global(batch, sharding.batch_sharding(mesh))
+    batch = distributed.global_batch(batch, sharding.batch_sharding(mesh), args.batch)
     for _ in range(args.warmup):
         state, metrics = step(state, batch)
     jax.block_until_ready(metrics)

@@ -23,7 +23,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -191,14 +190,6 @@ def check_batch_layout(config: Any, mesh: Mesh, rules: sharding.Rules) -> None:
             "train.grad_accum or config.mesh")
 
 
-def to_global(batch: Mapping[str, np.ndarray], data_sharding: NamedSharding,
-              global_batch_size: int | None = None) -> dict[str, jax.Array]:
-    """Global arrays from this process's rows (all rows when there is one process)."""
-    if global_batch_size is None:
-        global_batch_size = len(next(iter(batch.values())))
-    return distributed.global_batch(batch, data_sharding, global_batch_size)
-
-
 def _replay_spikes(detector: metrics_lib.SpikeDetector, path: os.PathLike[str], upto: int) -> None:
     for record in metrics_lib.read_jsonl(path):
         if record.get("kind") == "train" and record["step"] <= upto:
@@ -248,7 +239,7 @@ def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False
                              rules)
     eval_jit = jax.jit(make_eval_step(spec.graphdef),
                        in_shardings=(spec.shardings["params"], data_sharding))
-    eval_batches = [to_global(b, data_sharding, train_cfg.batch_size)
+    eval_batches = [distributed.global_batch(b, data_sharding, train_cfg.batch_size)
                     for b in inputs.eval_batches]
 
     def eval_fn(params, batch):
@@ -273,7 +264,8 @@ def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False
     timer_start, timed_steps = None, 0
     end = train_cfg.steps if stop_after is None else min(train_cfg.steps, start + stop_after)
     for step in range(start, end):
-        batch = to_global(next(inputs.train), data_sharding, train_cfg.batch_size)
+        batch = distributed.global_batch(next(inputs.train), data_sharding,
+                                         train_cfg.batch_size)
         state, metrics = step_fn(state, batch)
         done = step + 1
         pending.append((done, metrics))
