@@ -90,6 +90,14 @@ def initialize(multihost: bool | None = None, *, coordinator_address: str | None
     return True
 
 
+def barrier(name: str) -> None:
+    """Return once every process has reached the barrier `name` (no-op with one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
 def is_main_process() -> bool:
     """Only process 0 writes logs, metrics files and reports."""
     return jax.process_index() == 0

@@ -209,7 +209,8 @@ def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False
     cfg = config_lib.validate_run_config(config)
     primary = jax.process_index() == 0
     workdir = paths.resolve(workdir)  # local, or a bucket (gs://...)
-    workdir_lib.prepare(workdir, config, overwrite=overwrite, is_primary=primary)
+    workdir_lib.prepare(workdir, config, overwrite=overwrite, is_primary=primary,
+                        barrier=distributed.barrier)
     mesh = sharding.create_mesh(config.mesh, devices)
     rules = _rules(config)
     check_batch_layout(config, mesh, rules)

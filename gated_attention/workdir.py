@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from etils import epath
@@ -52,28 +53,42 @@ def backup(workdir: epath.Path) -> epath.Path:
 
 
 def prepare(workdir: str | os.PathLike[str], config: Any, *, overwrite: bool = False,
-            is_primary: bool = True) -> str:
-    """Create or check `workdir`; returns "new" or "resume" (and "new" after a backup)."""
+            is_primary: bool = True,
+            barrier: Callable[[str], None] = lambda name: None) -> str:
+    """Create or check `workdir`; returns "new" or "resume" (and "new" after a backup).
+
+    On several hosts every process checks the workdir as it was before anyone writes (so a
+    refusal is raised by all of them alike), then only the primary writes; `barrier(name)`
+    returns once every process has reached it (distributed.barrier).
+    """
     root = paths.resolve(workdir)
     wanted = config_dict(config)
-    saved_file = root / CONFIG_FILE
-    if root.exists() and any(root.iterdir()):
-        if saved_file.exists():
-            differences = config_differences(json.loads(saved_file.read_text()), wanted)
-            if not differences:
-                return "resume"
-            problem = (f"{root} holds a run of a different config:\n  "
-                       + "\n  ".join(differences[:20])
-                       + ("\n  ..." if len(differences) > 20 else ""))
-        else:
-            problem = f"{root} is not empty and holds no {CONFIG_FILE}: it is not a run of ours"
-        if not overwrite:
-            raise WorkdirError(f"{problem}\nUse another --workdir, or pass --overwrite to move "
-                               f"the old contents to {root.name}.backup-<timestamp>.")
-        if is_primary:
+    state, problem = _inspect(root, wanted)
+    if problem and not overwrite:
+        raise WorkdirError(f"{problem}\nUse another --workdir, or pass --overwrite to move "
+                           f"the old contents to {root.name}.backup-<timestamp>.")
+    barrier("workdir checked")  # nobody writes before every process has looked
+    if is_primary and state != "resume":
+        if problem:
             moved = backup(root)
             print(f"--overwrite: moved the old contents of {root} to {moved}")
-    if is_primary:
         root.mkdir(parents=True, exist_ok=True)
-        paths.write_atomic(saved_file, json.dumps(wanted, indent=2, sort_keys=True) + "\n")
-    return "new"
+        paths.write_atomic(root / CONFIG_FILE,
+                           json.dumps(wanted, indent=2, sort_keys=True) + "\n")
+    barrier("workdir ready")
+    return state
+
+
+def _inspect(root: epath.Path, wanted: dict[str, Any]) -> tuple[str, str]:
+    """("resume" | "new", why the workdir must not be used as it is, or "")."""
+    if not (root.exists() and any(root.iterdir())):
+        return "new", ""
+    saved_file = root / CONFIG_FILE
+    if not saved_file.exists():
+        return "new", f"{root} is not empty and holds no {CONFIG_FILE}: it is not a run of ours"
+    differences = config_differences(json.loads(saved_file.read_text()), wanted)
+    if not differences:
+        return "resume", ""
+    return "new", (f"{root} holds a run of a different config:\n  "
+                   + "\n  ".join(differences[:20])
+                   + ("\n  ..." if len(differences) > 20 else ""))

@@ -108,6 +108,26 @@ def test_workdir_refuses_a_different_config_and_backs_up_on_overwrite(tmp_path):
         workdir.prepare(tmp_path / "stranger", config)
 
 
+def test_workdir_is_checked_by_every_process_before_the_primary_writes(tmp_path):
+    """A second host must judge the workdir as it was, not the primary's half-written one."""
+    config = mini_config(tmp_path)
+    run_dir = tmp_path / "run"
+    reached = []
+
+    def barrier(name):  # meanwhile, on host 0: the config and the first data files appear
+        reached.append(name)
+        if name == "workdir checked":
+            assert workdir.prepare(run_dir, config) == "new"
+            (run_dir / "data_summary.json").write_text("{}")
+
+    assert workdir.prepare(run_dir, config, is_primary=False, barrier=barrier) == "new"
+    assert reached == ["workdir checked", "workdir ready"]
+    other = mini_config(tmp_path, steps=40)
+    with pytest.raises(workdir.WorkdirError, match="train.steps: 30 -> 40"):
+        workdir.prepare(run_dir, other, is_primary=False, barrier=reached.append)
+    assert reached == ["workdir checked", "workdir ready"]  # refused before the barrier
+
+
 def test_spike_rule():
     detector = SpikeDetector(factor=1.5, decay=0.9, warmup_steps=3)
     flags = [detector.update(s, loss) for s, loss in
