@@ -44,27 +44,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn(port: int, *flags: str) -> list[subprocess.Popen]:
-    """Two worker processes of 4 CPU devices each, joined on localhost:port."""
+def spawn(port: int, logs: Path, *flags: str) -> list[subprocess.Popen]:
+    """Two worker processes of 4 CPU devices each, joined on localhost:port.
+
+    Their output goes to files in `logs`, not pipes: a worker blocked on a full pipe that
+    nobody drains yet would never reach jax.distributed's shutdown barrier.
+    """
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    return [subprocess.Popen(
-        [sys.executable, str(WORKER), f"--process_id={i}", "--num_processes=2",
-         f"--port={port}", "--local_devices=4", *flags],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in range(2)]
+    procs = []
+    for i in range(2):
+        with open(logs / f"worker{i}.out", "w") as out, open(logs / f"worker{i}.err", "w") as err:
+            procs.append(subprocess.Popen(
+                [sys.executable, str(WORKER), f"--process_id={i}", "--num_processes=2",
+                 f"--port={port}", "--local_devices=4", *flags],
+                stdout=out, stderr=err, text=True, env=env))
+    return procs
 
 
-def finish(procs: list[subprocess.Popen]) -> list[dict]:
+def finish(procs: list[subprocess.Popen], logs: Path) -> list[dict]:
     """Each worker's last stdout line (JSON), after checking it exited cleanly."""
     try:
-        outputs = [p.communicate(timeout=300) for p in procs]
+        for p in procs:
+            p.wait(timeout=300)
     finally:
         for p in procs:
             p.kill()
-    results = []
-    for p, (out, err) in zip(procs, outputs):
-        assert p.returncode == 0, err[-3000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+    errors = [(logs / f"worker{i}.err").read_text()[-3000:] for i in range(len(procs))]
+    # One worker's failure shows up in the other as a barrier timeout: print both.
+    assert [p.returncode for p in procs] == [0] * len(procs), "\n\n".join(
+        f"worker {i} (exit {p.returncode}):\n{err}" for i, (p, err) in enumerate(zip(procs,
+                                                                                  errors)))
+    return [json.loads((logs / f"worker{i}.out").read_text().strip().splitlines()[-1])
+            for i in range(len(procs))]
 
 
 def test_two_processes_agree_with_one_process(tmp_path):
@@ -87,13 +98,13 @@ def test_two_processes_agree_with_one_process(tmp_path):
     config.mesh.update(dict(data=1, fsdp=1, tensor=8))
     (tmp_path / "config.json").write_text(config.to_json_best_effort())
     mesh = "data=1,fsdp=2,tensor=2,dcn_data=2"
-    procs = spawn(free_port(), f"--mesh={mesh}", "--steps=3",
+    procs = spawn(free_port(), tmp_path, f"--mesh={mesh}", "--steps=3",
                   f"--config_json={tmp_path / 'config.json'}", f"--workdir={tmp_path / 'pod'}")
     # The single-process references run meanwhile, on 8 devices of this process.
     reference, _, _, _ = worker.train_steps(
         worker.tiny_config({"data": 2, "fsdp": 2, "tensor": 2}), 3)
     train.run(config, tmp_path / "one", progress=False)
-    results = finish(procs)
+    results = finish(procs, tmp_path)
 
     assert [r["process"] for r in results] == [0, 1]
     assert all(r["processes"] == 2 and r["devices"] == 8 for r in results)
