@@ -176,7 +176,6 @@ def _sync_log(local: pathlib.Path, remote: epath.Path, final: bool = True) -> No
     if not chunk:
         return
     try:
-        remote.parent.mkdir(parents=True, exist_ok=True)  # as write_atomic does
         paths.append_text(remote, chunk.decode("utf-8", errors="replace"))
     except Exception as err:  # noqa: BLE001 - a log copy must never stop the grid
         print(f"warning: could not copy {local} to {remote} ({err}); will retry",
