@@ -24,9 +24,12 @@ $(CORE_STAMP): setup.cfg pyproject.toml | $(VENV)/bin/python
 	rm -f $(VENV)/.core-* && touch $@
 
 # Tests also need pytest, ruff, nbclient, shellcheck and the optional seqio/tensorflow stack.
+# libtpu (jax[tpu] pinned to the installed jax) lets the suite compile for real TPU targets
+# on this CPU-only machine (deviceless topologies); it needs no TPU to install.
 $(TEST_STAMP): $(CORE_STAMP)
 	$(PIP) -e '.[test,seqio]' 2>&1 | $(QUIET_PIP)
-	$(PY) -c "import pytest, xdist, nbclient, seqio, tensorflow_datasets"
+	$(PIP) "jax[tpu]==$$($(PY) -c 'import jax; print(jax.__version__)')" 2>&1 | $(QUIET_PIP)
+	$(PY) -c "import pytest, xdist, nbclient, seqio, tensorflow_datasets, libtpu"
 	rm -f $(VENV)/.test-* && touch $@
 
 install: $(CORE_STAMP)

@@ -95,3 +95,23 @@ def test_model_on_pallas_gpu_matches_xla():
             tokens, positions, segments)
     scale = float(jnp.max(jnp.abs(logits["xla"])))
     assert float(jnp.max(jnp.abs(logits["pallas_gpu"] - logits["xla"]))) < 1e-4 * scale
+
+
+def test_auto_and_interpret_follow_the_target_platform_not_the_host():
+    """A TPU program compiled on a CPU host must get the TPU's choices (Mosaic, no interpreter)."""
+    from gated_attention.ops import _flash_common
+
+    assert jax.default_backend() == "cpu"
+    assert ops.resolve_impl("auto", segment_ids=None, normalizer="softmax") == "xla"
+    assert _flash_common.resolve_interpret(None) is True
+    with ops.compiling_for("tpu"):
+        assert ops.target_platform() == "tpu"
+        assert ops.resolve_impl("auto", segment_ids=None, normalizer="softmax") != "xla"
+        assert _flash_common.resolve_interpret(None) is False
+    with ops.compiling_for("gpu"):
+        assert ops.resolve_impl("auto", segment_ids=None, normalizer="softmax",
+                                dtype=jnp.bfloat16) == "cudnn"
+    assert ops.target_platform() == "cpu"
+    with pytest.raises(ValueError, match="platform='tpux'.*cpu, gpu, tpu"):
+        with ops.compiling_for("tpux"):
+            pass

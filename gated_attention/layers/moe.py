@@ -31,6 +31,7 @@ from flax import nnx
 from gated_attention.layers import moe_ops, moe_parallel
 from gated_attention.layers.params import cast, param
 from gated_attention.model_config import ModelConfig
+from gated_attention.ops.target import target_platform
 from gated_attention.sharding import constrain
 
 
@@ -50,7 +51,7 @@ class MoEFeedForward(nnx.Module):
         self.num_experts, self.top_k = cfg.experts
         self.renormalize = cfg.moe_renormalize
         self.capacity_factor = cfg.moe_capacity_factor
-        self.impl = moe_ops.resolve_impl(cfg.moe_impl, jax.default_backend())
+        self.impl = moe_ops.resolve_impl(cfg.moe_impl, target_platform())
         self.dtype = cfg.compute_dtype
         E, D, F = self.num_experts, cfg.d_model, cfg.expert_mlp_dim
         # The router is used whole by every token, so it is not tagged "expert" (which

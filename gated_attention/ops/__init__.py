@@ -13,10 +13,12 @@ import jax.numpy as jnp
 
 from gated_attention.ops.gating import GATE_ACTIVATIONS, apply_output_gate, gate_activation
 from gated_attention.ops.reference import NORMALIZERS
+from gated_attention.ops.target import compiling_for, target_platform
 
 IMPLS = ("xla", "cudnn", "pallas_gpu", "pallas_tpu", "auto")
 
 __all__ = ["IMPLS", "NORMALIZERS", "GATE_ACTIVATIONS", "attention", "resolve_impl",
+           "compiling_for", "target_platform",
            "apply_output_gate", "gate_activation", "validate_attention_args"]
 
 
@@ -83,7 +85,7 @@ def resolve_impl(impl: str, *, segment_ids: jax.Array | None, normalizer: str,
     """
     if impl != "auto":
         return impl
-    platform = platform or jax.default_backend()
+    platform = platform or target_platform()
     cudnn_ok = (same_length and segment_ids is None and normalizer == "softmax"
                 and dtype is not None and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16))
     if platform == "gpu" and cudnn_ok:

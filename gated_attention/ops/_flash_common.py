@@ -382,8 +382,13 @@ def make_flash_attention(forward, backward):
 
 
 def resolve_interpret(interpret: bool | None) -> bool:
-    """Kernels run in Pallas interpret mode when asked, and always on a CPU backend."""
-    return bool(interpret) or jax.default_backend() == "cpu"
+    """Kernels run in Pallas interpret mode when asked, and always when the target is a CPU.
+
+    The target (ops.target), not the host: a TPU program compiled on a CPU machine gets the
+    real Mosaic kernel."""
+    from gated_attention.ops.target import target_platform
+
+    return bool(interpret) or target_platform() == "cpu"
 
 
 def build_static(name: str, min_block: int, padded_dim: int, q: jax.Array, k: jax.Array,
@@ -399,7 +404,9 @@ def build_static(name: str, min_block: int, padded_dim: int, q: jax.Array, k: ja
 
     b, s, h, d = q.shape
     interpret = resolve_interpret(interpret)
-    kind = "cpu" if interpret and jax.default_backend() == "cpu" else None
+    from gated_attention.ops.target import target_platform
+
+    kind = "cpu" if interpret and target_platform() == "cpu" else None
     sizes = fit_to_length(block_sizes_for(d, block_sizes, kind=kind), s, min_block)
     for key in ("block_q", "block_kv", "block_q_dq", "block_kv_dq", "block_q_dkv",
                 "block_kv_dkv"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 
 from gated_attention.ops.gating import apply_output_gate
+from gated_attention.ops.target import target_platform
 
 
 def attention(
@@ -29,8 +30,8 @@ def attention(
     if normalizer != "softmax":
         raise ValueError(f"impl='cudnn' supports normalizer='softmax' only, not {normalizer!r}; "
                          "use impl='pallas_gpu', 'xla' or 'auto'")
-    if jax.default_backend() != "gpu":
-        raise ValueError(f"impl='cudnn' needs a GPU; this backend is {jax.default_backend()!r}. "
+    if target_platform() != "gpu":
+        raise ValueError(f"impl='cudnn' needs a GPU; the target is {target_platform()!r}. "
                          "Use impl='xla' or 'auto'")
     out = jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
     return apply_output_gate(out, gate, gate_activation)
