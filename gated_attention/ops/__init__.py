@@ -1,7 +1,8 @@
 """Attention kernels behind one call, `ops.attention`.
 
 Kernels here are plain functions of arrays (no Flax, no configs). `impl` picks one:
-"xla" (reference.py, every feature, any platform), "cudnn" (jax.nn.dot_product_attention on
+"xla" (reference.py, every feature, any platform), "chunked" (chunked.py: the same
+features blockwise, never holding S x S), "cudnn" (jax.nn.dot_product_attention on
 GPU: plain softmax, no segment ids), "pallas_gpu", "pallas_tpu", or "auto", which picks the
 fastest path that supports every feature asked for and never silently drops one.
 """
@@ -15,7 +16,7 @@ from gated_attention.ops.gating import GATE_ACTIVATIONS, apply_output_gate, gate
 from gated_attention.ops.reference import NORMALIZERS
 from gated_attention.ops.target import compiling_for, target_platform
 
-IMPLS = ("xla", "cudnn", "pallas_gpu", "pallas_tpu", "auto")
+IMPLS = ("xla", "cudnn", "pallas_gpu", "pallas_tpu", "chunked", "auto")
 
 __all__ = ["IMPLS", "NORMALIZERS", "GATE_ACTIVATIONS", "attention", "resolve_impl",
            "compiling_for", "target_platform",
@@ -132,6 +133,12 @@ def attention(
         from gated_attention.ops import reference
 
         return reference.attention(q, k, v, **kwargs)
+    if impl == "chunked":  # blockwise XLA, memory linear in length (long-context evaluation)
+        from gated_attention.ops import chunked
+
+        blocks = {name: size for name, size in (block_sizes or {}).items()
+                  if name in ("block_q", "block_kv")}
+        return chunked.attention(q, k, v, **kwargs, **blocks)
     if impl == "cudnn":
         from gated_attention.ops import cudnn
 
