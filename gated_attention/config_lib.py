@@ -128,6 +128,9 @@ def train_section() -> ml_collections.ConfigDict:
         # A step's loss is a spike if it exceeds spike_factor x EMA(spike_ema) of the losses
         # before it, after warm-up (see metrics_writer.SpikeDetector).
         spike_factor=1.5, spike_ema=0.9,
+        # Continued training (init_from.py): start from the parameters of another run's
+        # checkpoint (its workdir; step 0 = its latest) with this run's schedule and length.
+        init_from="", init_from_step=0,
     ))
 
 
@@ -284,6 +287,10 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
         _check(train[name] >= 0, f"train.{name}={train[name]} must be >= 0")
     _check(train.spike_factor > 1.0, f"train.spike_factor={train.spike_factor} must be > 1")
     _check(0.0 <= train.spike_ema < 1.0, f"train.spike_ema={train.spike_ema} must be in [0, 1)")
+    if train.get("init_from"):
+        from gated_attention.init_from import check_source
+
+        check_source(config, cfg)
 
     _check(opt.peak_lr > 0, f"optimizer.peak_lr={opt.peak_lr} must be > 0")
     _check(0 <= opt.final_lr <= opt.peak_lr,

@@ -235,6 +235,9 @@ def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False
     else:
         with jax.set_mesh(mesh):
             state = spec.init()
+        from gated_attention.init_from import initial_state  # train.init_from, if set
+
+        state = initial_state(config, state, spec)
 
     step_fn = jit_train_step(make_train_step(spec.graphdef, config, tx), mesh, spec.shardings,
                              rules)
