@@ -65,7 +65,7 @@ def check_source(config: ml_collections.ConfigDict, cfg: ModelConfig) -> None:
                    if ours.get(name) != theirs.get(name)]
     if differences:
         raise config_lib.ConfigError(
-            f"train.init_from={source!r}: its parameters do not fit this model (change "
+            f"train.init_from={source!r}: its checkpoint does not fit this model (change "
             "config.model / the variant to match it):\n  " + "\n  ".join(differences[:10]))
 
 
