@@ -152,7 +152,8 @@ def evaluate(workdir: str | os.PathLike[str], lengths: Sequence[int], *,
         per_length = {}
         for length in lengths:
             entry: dict[str, Any] = {}
-            rows, source = held_out_rows(local, config.data, length, ppl_rows)
+            rows, source = (held_out_rows(local, config.data, length, ppl_rows) if ppl_rows
+                            else (np.zeros((0, length + 1), np.int32), "not asked"))
             if len(rows):
                 nll = np.concatenate([np.asarray(forward(params, rows[i:i + batch_size, :-1],
                                                          rows[i:i + batch_size, 1:])[0])
@@ -179,6 +180,8 @@ def _task_score(forward, params, task, length, examples, tokenizer, add_bos, cou
         items = retrieval_tasks.make_examples(task, length, examples, count_tokens, seed)
     except ValueError as err:
         return {"score": None, "note": str(err)}
+    if not items:
+        return {"score": None, "note": "no examples asked"}
     batch = retrieval_tasks.answer_batch(items, tokenizer, length, add_bos)
     predicted = np.concatenate([
         np.asarray(forward(params, batch["inputs"][i:i + batch_size],
