@@ -43,7 +43,7 @@ def test_answers_are_right_by_construction_and_fit_the_length(task, length):
     for example in examples:
         assert solve(example) == example.answers
         assert example.answer_text.split() == list(example.answers)
-        tokens = COUNT(example.prompt + example.answer_text)
+        tokens = COUNT(example)
         assert length + 1 - 40 <= tokens <= length + 1  # filled to within one filler unit
     assert len({e.prompt for e in examples}) == 3  # seeded, yet each example differs
     again = rt.make_examples(task, length, 3, COUNT, seed=1)
@@ -81,3 +81,31 @@ def test_teacher_forced_scoring_reads_the_answer_positions():
     wrong[np.arange(4), first_answer + 1] = TOKENIZER.encode(["#"])[0][0]
     scores = rt.score_predictions(examples, TOKENIZER, wrong, batch["answer_mask"])
     assert scores[0] == scores[1] == 0.0 and 0.0 <= scores[2] < 1.0 and scores[3] < 1.0
+
+
+class WordTokenizer:
+    """A word-level stand-in whose encoding of a piece costs one extra start token, as a
+    SentencePiece model may: prompt and answer encoded apart take more than their join."""
+
+    pad_id, bos_id, eos_id = 0, 1, 2
+
+    def __init__(self):
+        self.ids: dict[str, int] = {}
+
+    def encode(self, texts):
+        return [np.asarray([3] + [self.ids.setdefault(w, 4 + len(self.ids))
+                                  for w in t.split()], np.int32) for t in texts]
+
+    def decode(self, ids):
+        words = {i: w for w, i in self.ids.items()}
+        return " ".join(words.get(int(i), "") for i in ids)
+
+
+def test_length_budget_counts_tokens_as_the_model_reads_them():
+    tokenizer = WordTokenizer()
+    count = rt.token_counter(tokenizer, add_bos=True)
+    for task in rt.TASKS:
+        examples = rt.make_examples(task, 200, 2, count)
+        batch = rt.answer_batch(examples, tokenizer, 200, add_bos=True)  # raises if too long
+        assert rt.score_predictions(examples, tokenizer, batch["targets"],
+                                    batch["answer_mask"]) == [1.0, 1.0]

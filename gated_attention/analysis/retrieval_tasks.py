@@ -58,23 +58,19 @@ def _number(rng: np.random.Generator, digits: int) -> str:
     return str(int(rng.integers(10 ** (digits - 1), 10**digits)))
 
 
-def _fill(budget: int, count_tokens: Callable[[str], int], build: Callable[[int], Example]
+def _fill(budget: int, count_tokens: Callable[[Example], int], build: Callable[[int], Example]
           ) -> Example:
     """The example with the most filler units whose prompt + answer fit in `budget` tokens."""
     low, high = 0, 1
-    while count_tokens(_full_text(build(high))) <= budget:
+    while count_tokens(build(high)) <= budget:
         low, high = high, high * 2
-    if low == 0 and count_tokens(_full_text(build(0))) > budget:
+    if low == 0 and count_tokens(build(0)) > budget:
         raise ValueError(f"length {budget} is too short for task {build(0).task!r} "
-                         f"({count_tokens(_full_text(build(0)))} tokens without filler)")
+                         f"({count_tokens(build(0))} tokens without filler)")
     while high - low > 1:
         mid = (low + high) // 2
-        low, high = (mid, high) if count_tokens(_full_text(build(mid))) <= budget else (low, mid)
+        low, high = (mid, high) if count_tokens(build(mid)) <= budget else (low, mid)
     return build(low)
-
-
-def _full_text(example: Example) -> str:
-    return example.prompt + example.answer_text
 
 
 def _filler_sentences(units: int) -> list[str]:
@@ -92,7 +88,7 @@ def _with_inserts(units: int, inserts: Sequence[str], depths: Sequence[float]) -
     return " ".join(text)
 
 
-def passkey(rng: np.random.Generator, budget: int, count_tokens: Callable[[str], int]
+def passkey(rng: np.random.Generator, budget: int, count_tokens: Callable[[Example], int]
             ) -> Example:
     key, depth = _number(rng, 5), float(rng.uniform())
     needle = f"The pass key is {key}. Remember it."
@@ -105,7 +101,7 @@ def passkey(rng: np.random.Generator, budget: int, count_tokens: Callable[[str],
     return _fill(budget, count_tokens, build)
 
 
-def multikey_niah(rng: np.random.Generator, budget: int, count_tokens: Callable[[str], int],
+def multikey_niah(rng: np.random.Generator, budget: int, count_tokens: Callable[[Example], int],
                   num_keys: int = 4) -> Example:
     keys = _words(rng, num_keys)
     values = [_number(rng, 7) for _ in keys]
@@ -123,7 +119,7 @@ def multikey_niah(rng: np.random.Generator, budget: int, count_tokens: Callable[
     return _fill(budget, count_tokens, build)
 
 
-def variable_tracking(rng: np.random.Generator, budget: int, count_tokens: Callable[[str], int],
+def variable_tracking(rng: np.random.Generator, budget: int, count_tokens: Callable[[Example], int],
                       hops: int = 4) -> Example:
     names = [w.upper() for w in _words(rng, 2 * (hops + 1), syllables=2)]
     chain, distractor = names[:hops + 1], names[hops + 1:]
@@ -152,7 +148,7 @@ def variable_tracking(rng: np.random.Generator, budget: int, count_tokens: Calla
     return _fill(budget, count_tokens, build)
 
 
-def common_words(rng: np.random.Generator, budget: int, count_tokens: Callable[[str], int],
+def common_words(rng: np.random.Generator, budget: int, count_tokens: Callable[[Example], int],
                  num_common: int = 3, common_count: int = 4) -> Example:
     """`num_common` words occur `common_count` times; every other word once or twice."""
     vocabulary = _words(rng, 4000)
@@ -186,7 +182,7 @@ def check_tasks(tasks: Sequence[str]) -> None:
             raise ValueError(f"task={task!r} is not allowed; choose one of {', '.join(TASKS)}")
 
 
-def make_examples(task: str, length: int, count: int, count_tokens: Callable[[str], int],
+def make_examples(task: str, length: int, count: int, count_tokens: Callable[[Example], int],
                   seed: int = 0) -> list[Example]:
     """`count` examples of `task` whose prompt + answer fit a row of `length` + 1 tokens.
 
@@ -206,8 +202,9 @@ def score(example: Example, prediction: str) -> float:
 # ----------------------------------------------------------------------- scoring a model
 
 
-def token_counter(tokenizer: Any, add_bos: bool) -> Callable[[str], int]:
-    return lambda text: len(encode_example_text(tokenizer, text, "", add_bos)[0])
+def token_counter(tokenizer: Any, add_bos: bool) -> Callable[[Example], int]:
+    """Tokens of an example exactly as the model reads it (prompt and answer encoded apart)."""
+    return lambda e: len(encode_example_text(tokenizer, e.prompt, e.answer_text, add_bos)[0])
 
 
 def encode_example_text(tokenizer: Any, prompt: str, answer_text: str, add_bos: bool
