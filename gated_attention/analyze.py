@@ -134,8 +134,8 @@ def analyze(workdir: str | os.PathLike[str], *, step: int | None = None, batches
             layers: Sequence[int] | None = None, sink_threshold: float = 0.3,
             exclude_first_query: bool = True) -> dict[str, Any]:
     """Analyse the run in `workdir` (its latest checkpoint unless `step`); returns the result."""
+    from gated_attention import accounting, config_lib, train
     from gated_attention import checkpoint as checkpoint_lib
-    from gated_attention import config_lib, inspect, train
     from gated_attention.analysis import stats
 
     workdir = paths.resolve(workdir)  # local or gs://
@@ -157,7 +157,7 @@ def analyze(workdir: str | os.PathLike[str], *, step: int | None = None, batches
     maps = stats.attention_maps(model, ids, layers)
     stability = stability_section(workdir, config)
     cfg = config_lib.model_config(config)
-    info = inspect.report(cfg, int(config.data.seq_len))
+    info = accounting.report(cfg, int(config.data.seq_len))
     result.update(
         workdir=str(workdir), step=int(step), arch=config.arch, data=description,
         batch_size=batch_size, seq_len=int(config.data.seq_len), add_bos=bool(config.data.add_bos),

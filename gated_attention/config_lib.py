@@ -13,6 +13,7 @@ from typing import Any
 
 import ml_collections
 
+from gated_attention.accounting import count_params
 from gated_attention.model_config import ModelConfig
 from gated_attention.variants import VARIANTS, AttentionVariant, VariantError, get_variant
 
@@ -186,8 +187,6 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
 
 def narrow_ffn_to_match_baseline(cfg: ModelConfig) -> ModelConfig:
     """Shrink mlp_dim so the gated model has (about) the baseline's parameters, as in Table 2."""
-    from gated_attention.inspect import count_params
-
     baseline = cfg.replace(variant=VARIANTS["baseline"])
     extra = count_params(cfg) - count_params(baseline)
     per_unit = 3 * cfg.d_model * cfg.num_layers  # one FFN column in every layer

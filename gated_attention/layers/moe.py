@@ -55,7 +55,7 @@ class MoEFeedForward(nnx.Module):
         self.dtype = cfg.compute_dtype
         E, D, F = self.num_experts, cfg.d_model, cfg.expert_mlp_dim
         # The router is used whole by every token, so it is not tagged "expert" (which
-        # inspect.active_params counts at top_k / E) and stays replicated.
+        # accounting.active_params counts at top_k / E) and stays replicated.
         self.router = param(rngs, (D, E), ("embed", None))
         self.gate_proj = param(rngs, (E, D, F), ("expert", "embed", "mlp"))
         self.up_proj = param(rngs, (E, D, F), ("expert", "embed", "mlp"))
