@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 
 from flax import nnx
 
-from gated_attention.layers.params import logical_axes
 from gated_attention.model import abstract_model
 from gated_attention.model_config import ModelConfig
+from gated_attention.sharding import logical_axes
 from gated_attention.variants import VARIANTS
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from gated_attention.layers.moe_ops import MOE_IMPLS
 from gated_attention.variants import AttentionVariant
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -89,6 +90,9 @@ class ModelConfig:
                                  f"1..num_experts={self.num_experts}")
             if self.expert_mlp_dim <= 0:
                 raise ValueError("model.expert_mlp_dim must be > 0 for an MoE arch")
-            from gated_attention.layers.moe import validate_moe
-
-            validate_moe(self)  # moe_impl and moe_capacity_factor
+            if self.moe_impl not in MOE_IMPLS:
+                raise ValueError(f"model.moe_impl={self.moe_impl!r} is not allowed; choose one "
+                                 f"of {', '.join(MOE_IMPLS)}")
+            if self.moe_capacity_factor < 0:
+                raise ValueError(f"model.moe_capacity_factor={self.moe_capacity_factor} must "
+                                 "be >= 0 (0 means dropless)")

@@ -35,19 +35,9 @@ from gated_attention.ops.target import target_platform
 from gated_attention.sharding import constrain
 
 
-def validate_moe(cfg: ModelConfig) -> None:
-    """Clear errors for MoE fields before anything is built or compiled."""
-    if cfg.moe_impl not in moe_ops.MOE_IMPLS:
-        raise ValueError(f"model.moe_impl={cfg.moe_impl!r} is not allowed; choose one of "
-                         f"{', '.join(moe_ops.MOE_IMPLS)}")
-    if cfg.moe_capacity_factor < 0:
-        raise ValueError(f"model.moe_capacity_factor={cfg.moe_capacity_factor} must be >= 0 "
-                         "(0 means dropless)")
-
-
 class MoEFeedForward(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        validate_moe(cfg)
+        # cfg.moe_impl and cfg.moe_capacity_factor were checked when ModelConfig was built.
         self.num_experts, self.top_k = cfg.experts
         self.renormalize = cfg.moe_renormalize
         self.capacity_factor = cfg.moe_capacity_factor
