@@ -14,6 +14,7 @@ from typing import Any
 import ml_collections
 
 from gated_attention.accounting import count_params
+from gated_attention.analysis import stability
 from gated_attention.model_config import ModelConfig
 from gated_attention.variants import VARIANTS, AttentionVariant, VariantError, get_variant
 
@@ -67,11 +68,11 @@ def _choice(field: str, value: Any, allowed: Any) -> None:
 
 def model_section(arch: str) -> ml_collections.ConfigDict:
     _choice("arch", arch, ARCHS)
-    fields = dict(
-        tied_embeddings=True, qk_norm=True, zero_centred_norm=False, rope_base=10_000.0,
-        norm_eps=1e-6, dtype=ARCH_RUN_DEFAULTS[arch]["dtype"], attention_impl="auto", remat="none",
-        num_experts=0, experts_per_token=0, expert_mlp_dim=0, moe_renormalize=True,
-        moe_capacity_factor=0.0, moe_impl="ragged",
+    # ModelConfig's own defaults (one default per field), then the arch's shapes.
+    fields = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+              if f.name in _MODEL_FIELDS and f.default is not dataclasses.MISSING}
+    fields.update(
+        dtype=ARCH_RUN_DEFAULTS[arch]["dtype"],
         # Table 2: narrow the FFN of a gated model so its parameter count matches the baseline.
         narrow_ffn_to_match_baseline=False,
     )
@@ -124,7 +125,7 @@ def train_section() -> ml_collections.ConfigDict:
         z_loss=0.0, moe_aux_weight=0.01, moe_z_loss_weight=0.001,
         # A step's loss is a spike if it exceeds spike_factor x EMA(spike_ema) of the losses
         # before it, after warm-up (see metrics_writer.SpikeDetector).
-        spike_factor=1.5, spike_ema=0.9,
+        spike_factor=stability.SPIKE_FACTOR, spike_ema=stability.EMA_DECAY,
     ))
 
 
@@ -171,9 +172,6 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     """The frozen ModelConfig for a run config, validated (raises ConfigError, never compiles)."""
     _choice("arch", config.arch, ARCHS)
     variant = variant_from_config(config)
-    from gated_attention.ops import IMPLS
-
-    _choice("model.attention_impl", config.model.attention_impl, IMPLS)
     fields = {k: config.model[k] for k in _MODEL_FIELDS if k in config.model}
     block_sizes = tuple((k, int(v)) for k, v in config.model.block_sizes.items() if v)
     try:

@@ -10,14 +10,8 @@ from gated_attention.capture import validate_capture
 from gated_attention.layers.block import DecoderBlock
 from gated_attention.layers.norms import RMSNorm
 from gated_attention.layers.params import cast, param
-from gated_attention.model_config import ModelConfig
+from gated_attention.model_config import REMAT_POLICIES, ModelConfig
 from gated_attention.sharding import constrain
-
-REMAT_POLICIES = {
-    "full": None,
-    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
-}
 
 
 class Transformer(nnx.Module):

@@ -1,6 +1,8 @@
 """The model's own description: a frozen dataclass built once from the ml_collections config.
 
 Layers read this, never the ml_collections config, so they can be built from a notebook too.
+Its field defaults are the only ones: `config_lib.model_section` starts from them, and every
+model field is checked here, once.
 """
 
 from __future__ import annotations
@@ -8,13 +10,22 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from gated_attention.layers.moe_ops import MOE_IMPLS
+from gated_attention.ops import IMPLS as ATTENTION_IMPLS
 from gated_attention.variants import AttentionVariant
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-REMAT_POLICIES = ("none", "full", "dots_with_no_batch_dims_saveable", "nothing_saveable")
+# model.remat -> the jax.checkpoint policy of each decoder block ("full" saves only the block
+# input); "none" runs without rematerialisation.
+REMAT_POLICIES = {
+    "full": None,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+}
+REMAT_CHOICES = ("none", *REMAT_POLICIES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +44,7 @@ class ModelConfig:
     rope_base: float = 10_000.0
     norm_eps: float = 1e-6
     dtype: str = "float32"
-    attention_impl: str = "xla"
+    attention_impl: str = "auto"  # one of ops.IMPLS; "auto" picks per compile target
     block_sizes: tuple[tuple[str, int], ...] = ()
     remat: str = "none"
     # Mixture of experts: num_experts == 0 means a dense SwiGLU FFN.
@@ -74,9 +85,12 @@ class ModelConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"model.dtype={self.dtype!r} is not allowed; choose one of "
                              f"{', '.join(DTYPES)}")
-        if self.remat not in REMAT_POLICIES:
+        if self.remat not in REMAT_CHOICES:
             raise ValueError(f"model.remat={self.remat!r} is not allowed; choose one of "
-                             f"{', '.join(REMAT_POLICIES)}")
+                             f"{', '.join(REMAT_CHOICES)}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"model.attention_impl={self.attention_impl!r} is not allowed; "
+                             f"choose one of {', '.join(ATTENTION_IMPLS)}")
         if self.head_dim % 2:
             raise ValueError(f"model.head_dim={self.head_dim} must be even for RoPE")
         self.heads  # noqa: B018 - validates GQA divisibility after the variant's deltas

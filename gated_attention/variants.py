@@ -12,15 +12,17 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+# Kernel vocabularies live with the kernels (ops/); a variant only chooses among them.
+from gated_attention.ops import GATE_ACTIVATIONS as ACTIVATIONS
+from gated_attention.ops import NORMALIZERS
+
 GATE_POSITIONS = ("none", "sdpa", "value", "key", "query", "dense_output")
 POSITION_ALIASES = {"G1": "sdpa", "G2": "value", "G3": "key", "G4": "query", "G5": "dense_output"}
 GRANULARITIES = ("elementwise", "headwise")
 SHARINGS = ("head_specific", "head_shared")
 COMBINES = ("multiply", "add")
-ACTIVATIONS = ("sigmoid", "silu", "identity", "ns_sigmoid")
 GATE_INPUTS = ("hidden", "constant")
 SDPA_TRANSFORMS = ("none", "silu", "rmsnorm")
-NORMALIZERS = ("softmax", "softmax_off_by_one", "learned_sink", "softpick")
 SWITCH_TARGETS = ("none", "v", "kv")
 
 
