@@ -18,7 +18,7 @@ from gated_attention.analysis import stability
 from gated_attention.model_config import ModelConfig
 from gated_attention.variants import VARIANTS, AttentionVariant, VariantError, get_variant
 
-# Shapes from SPEC.md / paper_tables.json; `tiny` trains in seconds on a CPU.
+# Shapes from the paper (docs/method.md); `tiny` trains in seconds on a CPU.
 ARCHS: dict[str, dict[str, Any]] = {
     "tiny": dict(vocab_size=1024, num_layers=4, d_model=128, num_heads=4, num_kv_heads=2,
                  head_dim=32, mlp_dim=384, tied_embeddings=True, qk_norm=True),

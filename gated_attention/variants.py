@@ -2,7 +2,7 @@
 
 A variant is a small frozen dataclass validated once at construction. It is interpreted in
 exactly two places (layers/gates.py and layers/attention.py); nothing else branches on it.
-The general form of a gate is `Y' = Y (op) act(X W)` (SPEC.md), so each axis of variation
+The general form of a gate is `Y' = Y (op) act(X W)` (docs/method.md), so each axis of variation
 is one field here.
 """
 
@@ -38,7 +38,7 @@ def _check_choice(field: str, value: Any, allowed: Iterable[str]) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class AttentionVariant:
-    """One point of the paper's variant space (see SPEC.md, "The variant space").
+    """One point of the paper's variant space (docs/method.md, "The variant space").
 
     Gate fields only matter when `gate_position != "none"`; architecture deltas
     (`q_heads_multiplier`, `kv_heads_multiplier`, `extra_experts`, `sandwich_norm`,

@@ -1,6 +1,6 @@
 """Grouped-query self-attention with QK-norm, RoPE and every gate of the paper.
 
-Order per SPEC.md: project q/k/v from the block's normalised input X; gate G4/G3/G2 on the
+Order as in docs/method.md: project q/k/v from the block's normalised input X; gate G4/G3/G2 on the
 projection outputs; q/k RMSNorm; RoPE; SDPA through `ops.attention`; G1 gate (fused into the
 kernel when it is a plain `attn * act(X W)`), or a parameter-free transform; concat heads;
 o_proj; G5 gate. The G1 gate never goes through QK-norm or RoPE.

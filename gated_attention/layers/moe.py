@@ -1,6 +1,6 @@
 """Mixture-of-experts SwiGLU FFN: softmax top-k router, dropless grouped matmuls, aux losses.
 
-The paper's 15A2B model (SPEC.md): 128 fine-grained experts of width 768, top-8, softmax
+The paper's 15A2B model (docs/moe.md): 128 fine-grained experts of width 768, top-8, softmax
 routing, a global-batch load-balancing loss and a router z-loss. `__call__` returns
 (y, aux); the model sums aux over layers and the trainer weights the two losses with
 `train.moe_aux_weight` and `train.moe_z_loss_weight`.
