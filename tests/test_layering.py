@@ -22,6 +22,7 @@ FLOORS: dict[str, int] = {
     "gated_attention.sharding": 1,
     "gated_attention.paths": 1,
     "gated_attention.distributed": 1,
+    "gated_attention.tpu_topologies": 1,
     # 2: what the model is made of: the variant space, the model description, layers.
     "gated_attention.variants": 2,
     "gated_attention.model_config": 2,
@@ -41,11 +42,20 @@ FLOORS: dict[str, int] = {
     "gated_attention.config_lib": 4,
     "gated_attention.memory": 4,
     "gated_attention.analysis": 4,
+    "gated_attention.interrupts": 4,
+    "gated_attention.workdir_lock": 4,
+    "gated_attention.progress_log": 4,
+    "gated_attention.init_from": 4,
+    "gated_attention.hf": 4,
     # 5: command lines.
     "gated_attention.main": 5,
     "gated_attention.inspect": 5,
     "gated_attention.analyze": 5,
     "gated_attention.demo": 5,
+    "gated_attention.preflight": 5,
+    "gated_attention.convert": 5,
+    "gated_attention.generate": 5,
+    "gated_attention.evaluate_length": 5,
 }
 FLOOR_NAMES = ("ops", "sharding", "layers", "model", "train", "CLIs")
 
