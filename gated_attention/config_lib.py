@@ -87,9 +87,10 @@ def attention_section(variant: str) -> ml_collections.ConfigDict:
         raise ConfigError(str(err)) from None
 
 
-DATA_SOURCES = ("cpython_docs", "python_source", "files", "seqio")
+DATA_SOURCES = ("cpython_docs", "python_source", "files", "seqio", "tfds", "array_record")
 TOKENIZERS = ("sentencepiece", "byte", "hf")
 SENTENCEPIECE_MODELS = ("unigram", "bpe")
+PACKINGS = ("segments", "concat")  # see gated_attention/data/streams.py
 
 
 def data_section(arch: str) -> ml_collections.ConfigDict:
@@ -102,11 +103,19 @@ def data_section(arch: str) -> ml_collections.ConfigDict:
         add_bos=False,              # a BOS token at the start of every packed segment
         add_eos=True,               # an EOS token at the end of every document
         eval_fraction=0.05,         # share of documents held out (local sources)
-        paths="",                   # source=files: comma-separated paths or globs (.txt/.jsonl)
-        text_key="text",            # source=files: the text field of .jsonl records
+        paths="",                   # source=files: comma-separated paths or globs (.txt/.jsonl);
+                                    # source=array_record: the folder of prepared shards
+        text_key="text",            # source=files: the text field of .jsonl records; tfds: the
+                                    # text feature
         seqio_task="",              # source=seqio: a registered task ("" = the C4 task)
         seqio_eval_split="validation",
-        tfds_data_dir="",           # source=seqio: a prepared tfds data_dir
+        tfds_data_dir="",           # source=seqio/tfds: a prepared tfds data_dir (local, gs://)
+        tfds_name="",               # source=tfds: e.g. "c4/en:3.1.0" (prepared, never downloaded)
+        tfds_train_split="train",   # source=tfds: split names (tfds slicing allowed)
+        tfds_eval_split="validation",
+        packing="segments",         # one of PACKINGS: "segments" = chunks packed with segment
+                                    # ids; "concat" = documents joined with EOS, no segment ids
+        max_epochs=4.0,             # refuse runs repeating the training split more often
         shuffle_seed=0,
         tokenizer_path="",          # a SentencePiece .model to use instead of training one,
                                     # or (tokenizer=hf) a Hugging Face tokenizer.json
@@ -229,6 +238,10 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
     _check(data.seq_len >= 2, f"data.seq_len={data.seq_len} must be >= 2")
     _check(0.0 < data.eval_fraction < 1.0,
            f"data.eval_fraction={data.eval_fraction} must be in (0, 1)")
+    _choice("data.packing", data.packing, PACKINGS)
+    _check(data.packing != "concat" or data.add_eos, "data.packing='concat' joins documents "
+           "with EOS: it needs data.add_eos=True")
+    _check(data.max_epochs > 0, f"data.max_epochs={data.max_epochs} must be > 0")
     _check(data.sp_input_sentence_size > 0,
            f"data.sp_input_sentence_size={data.sp_input_sentence_size} must be > 0")
     if data.tokenizer == "byte":
@@ -258,10 +271,18 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
     _check(is_local(data.cache_dir), f"data.cache_dir={data.cache_dir!r} must be a local folder "
            "(each host's own cache); the workdir and data.paths may be in a bucket")
     if data.source == "seqio":
-        _check(bool(data.tokenizer_path), "data.source='seqio' needs data.tokenizer_path (a "
-               "SentencePiece .model file with model.vocab_size pieces)")
+        _check(bool(data.tokenizer_path or data.seqio_task), "data.source='seqio' needs "
+               "data.tokenizer_path (a SentencePiece .model file with model.vocab_size pieces) "
+               "or data.seqio_task (a registered task, which brings its vocabulary)")
         _check(data.tokenizer == "sentencepiece", "data.source='seqio' reads a SentencePiece "
                f"vocabulary; data.tokenizer must be 'sentencepiece', not {data.tokenizer!r}")
+    if data.source in ("tfds", "array_record", "seqio"):
+        from gated_attention.data import sources
+
+        try:  # the dataset, shards or task exist, and the shards match the tokenizer
+            sources.check(config)
+        except ValueError as err:
+            raise ConfigError(str(err).strip().splitlines()[0]) from None
 
     _check(train.steps > 0, f"train.steps={train.steps} must be > 0")
     _check(train.batch_size > 0, f"train.batch_size={train.batch_size} must be > 0")

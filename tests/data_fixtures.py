@@ -37,3 +37,35 @@ def train_bpe(path, corpus: list[str], vocab_size: int = 320, *, template: bool 
 def write_jsonl(path, corpus: list[str]) -> str:
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus))
     return str(path)
+
+
+_BUILDERS: dict = {}
+
+
+def tiny_tfds_builder(corpus: list[str], class_name: str = "GaTinyText"):
+    """A tfds builder class (registered as snake case of class_name) over `corpus` (train)
+    and its first 8 texts (validation), defined here so nothing is downloaded; generation
+    order is kept (no shuffling)."""
+    if class_name in _BUILDERS:
+        return _BUILDERS[class_name]
+    import tensorflow_datasets as tfds
+
+    def _info(self):
+        return tfds.core.DatasetInfo(
+            builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
+            disable_shuffling=True)
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples(corpus),
+                "validation": self._generate_examples(corpus[:8])}
+
+    def _generate_examples(self, texts):
+        for i, text in enumerate(texts):
+            yield i, {"text": text}
+
+    builder = type(class_name, (tfds.core.GeneratorBasedBuilder,), {
+        "VERSION": tfds.core.Version("1.0.0"), "_info": _info,
+        "_split_generators": _split_generators,
+        "_generate_examples": _generate_examples, "__module__": __name__})
+    _BUILDERS[class_name] = builder
+    return builder

@@ -57,17 +57,50 @@ def test_seqio_iterator_resumes_exactly(texts_and_vocab):
     root, _, model = texts_and_vocab
     task = seqio_source.register_text_task(
         "ga_test_resume", {"train": [str(root / "docs.txt")]}, model)
-    args = dict(task=task, split="train", shuffle=True, seed=3, repeat=True)
-    chunks = seqio_source.SeqioChunkDataset(args, 16, False, 1)
-    it = iter(chunks)
+    data_config = config_lib.data_section("tiny")
+    data_config.seq_len = 16
+    ds = seqio_source.batches(task, "train", data_config, 2, 1, shuffle=True, seed=3,
+                              repeat=True)
+    it = iter(ds)
     for _ in range(7):
         next(it)
-    state = it.get_state()
-    expected = [next(it) for _ in range(25)]
-    again = iter(chunks)
+    state = json.loads(json.dumps(it.get_state()))
+    expected = [next(it) for _ in range(10)]
+    again = iter(ds)
     again.set_state(state)
-    for a, b in zip(expected, [next(again) for _ in range(25)]):
-        np.testing.assert_array_equal(a, b)
+    for a, b in zip(expected, [next(again) for _ in range(10)]):
+        for key in packing.BATCH_KEYS:
+            np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_a_users_task_module_is_imported_and_brings_its_vocabulary(texts_and_vocab, tmp_path,
+                                                                    monkeypatch):
+    from gated_attention.data import build_inputs, import_modules
+
+    root, texts, model = texts_and_vocab
+    (tmp_path / "ga_user_tasks.py").write_text(
+        "from gated_attention.data import seqio_source\n"
+        f"seqio_source.register_text_task('ga_user_task', {{'train': [{str(root / 'docs.txt')!r}],"
+        f" 'validation': [{str(root / 'docs.txt')!r}]}}, {model!r})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = config_lib.base_config("tiny", "baseline")
+    config.model.vocab_size = 400
+    config.data.update(dict(source="seqio", seqio_task="ga_user_task", seq_len=32))
+    config.train.update(dict(batch_size=2, eval_batches=1))
+    with pytest.raises(config_lib.ConfigError, match=r"^data.seqio_task='ga_user_task' is not "
+                       r"a registered seqio task or mixture; .* --seqio_module=that.module$"):
+        config_lib.validate_run_config(config)
+    with pytest.raises(ImportError, match=r"--seqio_module='ga_no_such_module' cannot be"):
+        import_modules("ga_no_such_module")
+    import_modules("ga_user_tasks")
+    config_lib.validate_run_config(config)  # no data.tokenizer_path: the task's vocabulary
+    inputs = build_inputs(config, tmp_path / "run")
+    batch = next(inputs.train)
+    assert batch["inputs"].shape == (2, 32) and len(inputs.eval_batches) == 1
+    assert (tmp_path / "run" / tokenizer.TOKENIZER_FILE).read_bytes() == \
+        (root / "spm.model").read_bytes()
+    sp = tokenizer.SentencePieceTokenizer(model)
+    assert sp.decode(inputs.eval_batches[0]["inputs"][0][:20]) in texts[0]
 
 
 def test_c4_task_registers_without_download(texts_and_vocab):
