@@ -250,7 +250,8 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
         _check(cfg.vocab_size >= BYTE_VOCAB_SIZE,
                f"data.tokenizer='byte' needs model.vocab_size >= {BYTE_VOCAB_SIZE} (256 bytes "
                f"+ pad, bos, eos); got {cfg.vocab_size}")
-    elif data.tokenizer == "hf":
+    elif data.tokenizer == "hf" and not (data.source == "array_record"
+                                         and not data.tokenizer_path):  # the shards' own
         _check(bool(data.tokenizer_path), "data.tokenizer='hf' needs data.tokenizer_path (a "
                "tokenizer.json file)")
         from gated_attention.data import hf_tokenizer
