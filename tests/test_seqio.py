@@ -108,3 +108,23 @@ def test_c4_task_registers_without_download(texts_and_vocab):
     name = seqio_source.register_c4_task(model)
     task = seqio.get_mixture_or_task(name)
     assert task.output_features["targets"].vocabulary.vocab_size == 400
+
+
+def test_main_imports_the_seqio_module_before_validating(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "gated_attention.main", "--seqio_module=ga_no_such_tasks",
+         "--config=configs/ablation.py:arch=tiny,variant=baseline",
+         f"--workdir={tmp_path / 'run'}", "--config.data.source=seqio",
+         "--config.data.seqio_task=my_task"],
+        capture_output=True, text=True, timeout=120,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == (
+        "Config error: --seqio_module='ga_no_such_tasks' cannot be imported: No module named "
+        "'ga_no_such_tasks'")
+    assert not (tmp_path / "run").exists()
