@@ -101,6 +101,13 @@ def test_a_users_task_module_is_imported_and_brings_its_vocabulary(texts_and_voc
         (root / "spm.model").read_bytes()
     sp = tokenizer.SentencePieceTokenizer(model)
     assert sp.decode(inputs.eval_batches[0]["inputs"][0][:20]) in texts[0]
+    # The task tokenized once into shards: every document, EOS-terminated, in file order.
+    from gated_attention.data import array_record_source, prepare
+
+    manifest = prepare.prepare(config, str(tmp_path / "shards"), num_shards=1)
+    docs = array_record_source.documents(str(tmp_path / "shards"), manifest, "train")
+    assert len(docs) == len(texts) and manifest["source"]["task"] == "ga_user_task"
+    assert sp.decode(docs[5][:-1]) == texts[5] and docs[5][-1] == sp.eos_id
 
 
 def test_c4_task_registers_without_download(texts_and_vocab):
