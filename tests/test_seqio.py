@@ -81,7 +81,8 @@ def test_a_users_task_module_is_imported_and_brings_its_vocabulary(texts_and_voc
     (tmp_path / "ga_user_tasks.py").write_text(
         "from gated_attention.data import seqio_source\n"
         f"seqio_source.register_text_task('ga_user_task', {{'train': [{str(root / 'docs.txt')!r}],"
-        f" 'validation': [{str(root / 'docs.txt')!r}]}}, {model!r})\n")
+        f" 'validation': [{str(root / 'docs.txt')!r}]}}, {model!r},"
+        f" num_input_examples={{'train': {len(texts)}, 'validation': {len(texts)}}})\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     config = config_lib.base_config("tiny", "baseline")
     config.model.vocab_size = 400
@@ -97,6 +98,9 @@ def test_a_users_task_module_is_imported_and_brings_its_vocabulary(texts_and_voc
     inputs = build_inputs(config, tmp_path / "run")
     batch = next(inputs.train)
     assert batch["inputs"].shape == (2, 32) and len(inputs.eval_batches) == 1
+    # The epoch guard's estimate reads the first 256 documents: here all 40, so it is exact.
+    assert inputs.summary["train"]["tokens_estimated"] == sum(
+        len(ids) + 1 for ids in tokenizer.SentencePieceTokenizer(model).encode(texts))
     assert (tmp_path / "run" / tokenizer.TOKENIZER_FILE).read_bytes() == \
         (root / "spm.model").read_bytes()
     sp = tokenizer.SentencePieceTokenizer(model)

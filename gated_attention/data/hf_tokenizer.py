@@ -141,7 +141,9 @@ class HFTokenizer:
             f"{text}|{self.bos_id},{self.eos_id},{self.pad_id}".encode()).hexdigest()[:16]
 
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
-        encodings = self.processor.encode_batch_fast(list(texts), add_special_tokens=False)
+        # encode_batch_fast (tokenizers >= 0.20) skips the character offsets we never read.
+        encode = getattr(self.processor, "encode_batch_fast", self.processor.encode_batch)
+        encodings = encode(list(texts), add_special_tokens=False)
         return [np.asarray(e.ids, np.int32) for e in encodings]
 
     def decode(self, ids: Sequence[int]) -> str:

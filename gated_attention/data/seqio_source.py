@@ -83,11 +83,14 @@ def register_c4_task(vocab_path: str, *, name: str = C4_TASK, tfds_name: str = "
 
 
 def register_text_task(name: str, split_files: dict[str, Sequence[str]], vocab_path: str, *,
-                       add_eos: bool = True) -> str:
-    """A task over local text files with one document per line (split -> file patterns)."""
+                       add_eos: bool = True, num_input_examples: dict[str, int] | None = None
+                       ) -> str:
+    """A task over local text files with one document per line (split -> file patterns);
+    num_input_examples (documents per split, if known) lets the epoch guard size it."""
     seqio = _seqio()
     source = seqio.TextLineDataSource(split_to_filepattern={k: list(v) for k, v in
-                                                            split_files.items()})
+                                                            split_files.items()},
+                                      num_input_examples=num_input_examples)
     return _register(name, source, vocab_path, add_eos, text_key=None)
 
 
@@ -155,6 +158,23 @@ def task_and_tokenizer(config: Any, workdir: Any) -> tuple[str, Any]:
     return task, tokenizer
 
 
+def estimate_tokens(task: str, split: str, sample: int = 256) -> int | None:
+    """Tokens in a task's split (for the epoch guard): its documents, where the source knows
+    them, x the mean tokens of its first `sample` documents; None if the count is unknown."""
+    try:
+        documents = _seqio().get_mixture_or_task(task).num_input_examples(split)
+    except Exception:  # noqa: BLE001 - sources without a count raise various errors
+        documents = None
+    if not documents:
+        return None
+    first = []
+    for ids in document_stream(task, split, shuffle=False, seed=0, repeat=False):
+        first.append(len(ids))
+        if len(first) == sample:
+            break
+    return round(documents * sum(first) / len(first)) if first else None
+
+
 def build_inputs(config: Any, workdir: Any, *, process_index: int, process_count: int):
     """Inputs for data.source='seqio' (the C4 task unless data.seqio_task names another)."""
     import json
@@ -172,7 +192,8 @@ def build_inputs(config: Any, workdir: Any, *, process_index: int, process_count
     evals = streams.first_batches(
         batches(task, data.seqio_eval_split, data, local_batch, tokenizer.bos_id,
                 shuffle=False, seed=0, repeat=False, for_eval=True, **shard), train.eval_batches)
-    summary = {"source": "seqio", "task": task, "tokenizer": {
+    summary = {"source": "seqio", "task": task,
+               "train": {"tokens_estimated": estimate_tokens(task, "train")}, "tokenizer": {
         "kind": "sentencepiece", "vocab_size": tokenizer.vocab_size,
         "path": str(data.tokenizer_path)}}
     if workdir is not None:
