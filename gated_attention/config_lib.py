@@ -225,6 +225,18 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def check_epochs(config: ml_collections.ConfigDict, data_summary: dict[str, Any]
+                 ) -> float | None:
+    """The epoch guard (data.max_epochs), once the training split's size is known from the
+    data summary and before compiling; returns the epochs asked (data/epochs.py)."""
+    from gated_attention.data import epochs
+
+    try:
+        return epochs.check(config, data_summary)
+    except epochs.EpochBudgetError as err:
+        raise ConfigError(str(err)) from None
+
+
 def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
     """Check every data/train/optimizer field (and the model via model_config) before compiling.
 

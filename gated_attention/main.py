@@ -42,7 +42,7 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
     config = FLAGS.config
     try:
-        from gated_attention.data import import_modules
+        from gated_attention.data.inputs import import_modules
 
         import_modules(FLAGS.seqio_module)  # registers the user's seqio tasks
         config_lib.validate_run_config(config)

@@ -13,7 +13,6 @@ from gated_attention import config_lib
 from gated_attention.data import (
     array_record_source,
     corpus,
-    epochs,
     pipeline,
     prepare,
     seqio_source,
@@ -189,16 +188,16 @@ def test_epoch_guard_counts_the_epochs_asked():
     config.train.update(dict(steps=1000, batch_size=16))
     config.data.seq_len = 256
     # 1000 x 16 x 256 = 4,096,000 tokens over a 800,000-token split: 5.12 epochs.
-    assert epochs.check(config, {"train": {"tokens": 1_024_000}}) == pytest.approx(4.0)
+    assert config_lib.check_epochs(config, {"train": {"tokens": 1_024_000}}) == pytest.approx(4.0)
     with pytest.raises(config_lib.ConfigError) as err:
-        epochs.check(config, {"train": {"tokens": 800_000}})
+        config_lib.check_epochs(config, {"train": {"tokens": 800_000}})
     message = str(err.value)
     assert "= 4.1M tokens is 5.1 epochs of the training split of data.source='cpython_docs' " \
            "(0.80M tokens), more than data.max_epochs=4" in message
     assert "data.source=python_source" in message and "train.steps <= 781" in message
     config.data.max_epochs = 6.0
-    assert epochs.check(config, {"train": {"tokens": 800_000}}) == pytest.approx(5.12)
-    assert epochs.check(config, {"train": {}}) is None
+    assert config_lib.check_epochs(config, {"train": {"tokens": 800_000}}) == pytest.approx(5.12)
+    assert config_lib.check_epochs(config, {"train": {}}) is None
 
 
 def test_concat_rows_train_every_pair_of_the_joined_stream_once():

@@ -136,7 +136,7 @@ def test_the_launched_runs_are_valid_configs_on_the_prepared_shards(tmp_path, va
     """The launch block's settings, on shards written as step 4 writes them, pass the run's
     config validation (tokenizer fingerprint, vocabulary, epoch budget)."""
     from gated_attention import config_lib
-    from gated_attention.data import epochs, prepare
+    from gated_attention.data import prepare
 
     corpus = texts(30)
     write_jsonl(tmp_path / "c.jsonl", corpus)
@@ -154,4 +154,4 @@ def test_the_launched_runs_are_valid_configs_on_the_prepared_shards(tmp_path, va
         config[section][field] = type(config[section][field])(value)
     config_lib.validate_run_config(config)
     # The page's budget against C4's English training split (about 150B tokens).
-    assert epochs.check(config, {"train": {"tokens": 150e9}}) < 0.5
+    assert config_lib.check_epochs(config, {"train": {"tokens": 150e9}}) < 0.5

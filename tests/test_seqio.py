@@ -75,7 +75,8 @@ def test_seqio_iterator_resumes_exactly(texts_and_vocab):
 
 def test_a_users_task_module_is_imported_and_brings_its_vocabulary(texts_and_vocab, tmp_path,
                                                                     monkeypatch):
-    from gated_attention.data import build_inputs, import_modules
+    from gated_attention.data import build_inputs
+    from gated_attention.data.inputs import import_modules
 
     root, texts, model = texts_and_vocab
     (tmp_path / "ga_user_tasks.py").write_text(

@@ -19,25 +19,16 @@ than data.max_epochs times.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
+from gated_attention.data.inputs import Inputs, import_modules, stream_tokenizer
 from gated_attention.data.packing import BATCH_KEYS, Batch
 
 __all__ = ["BATCH_KEYS", "LOCAL_SOURCES", "Batch", "Inputs", "build_inputs", "check_epochs",
            "import_modules", "stream_tokenizer"]
 
 LOCAL_SOURCES = ("cpython_docs", "python_source", "files")
-
-
-@dataclasses.dataclass
-class Inputs:
-    train: Any                 # a grain DatasetIterator (get_state / set_state) of batches
-    eval_batches: list[Batch]  # fixed held-out batches (this host's share)
-    tokenizer: Any
-    summary: dict[str, Any]
-    local: Any = None          # pipeline.LocalData for local sources (analysis batches)
 
 
 def build_inputs(config: Any, workdir: str | os.PathLike[str] | None = None, *,
@@ -69,30 +60,9 @@ def build_inputs(config: Any, workdir: str | os.PathLike[str] | None = None, *,
     return Inputs(iterator, evals, local.tokenizer, local.summary, local)
 
 
-def stream_tokenizer(config: Any, workdir: str | os.PathLike[str] | None = None) -> Any:
-    """The tokenizer of a streamed source: data.tokenizer_path (sentencepiece, hf) or bytes;
-    nothing is trained, since a stream has no training split to learn from."""
-    from gated_attention.data.tokenizer import get_tokenizer
-
-    return get_tokenizer(config.data.tokenizer, config.model.vocab_size, workdir=workdir,
-                         model_path=config.data.tokenizer_path)
-
-
 def check_epochs(config: Any, inputs: Inputs) -> None:
     """Refuse (ConfigError) a run that would repeat its training split more than
     data.max_epochs times; called before compiling. See epochs.py."""
-    from gated_attention.data import epochs
+    from gated_attention.config_lib import check_epochs as check
 
-    epochs.check(config, inputs.summary)
-
-
-def import_modules(names: str) -> None:
-    """Import comma-separated modules (--seqio_module: a user's module registering seqio
-    tasks), with a one-line error naming the flag if one is missing."""
-    import importlib
-
-    for name in filter(None, (n.strip() for n in names.split(","))):
-        try:
-            importlib.import_module(name)
-        except ImportError as err:
-            raise ImportError(f"--seqio_module={name!r} cannot be imported: {err}") from None
+    check(config, inputs.summary)

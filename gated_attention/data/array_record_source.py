@@ -128,9 +128,8 @@ def held_out_documents(folder: str, manifest: dict[str, Any], *, process_index: 
 
 
 def build_inputs(config: Any, workdir: Any, *, process_index: int, process_count: int):
-    from gated_attention.data import Inputs
+    from gated_attention.data.inputs import Inputs, tokenizer_summary
     from gated_attention.data.pipeline import per_host_batch
-    from gated_attention.data.tfds_source import tokenizer_summary
 
     data, train = config.data, config.train
     manifest = read_manifest(data.paths)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gated_attention.config_lib import ConfigError
+
+class EpochBudgetError(ValueError):
+    """The run asks for more epochs of its training split than data.max_epochs (config_lib
+    turns it into a ConfigError)."""
 
 LARGER = {
     "cpython_docs": "data.source=python_source (tens of millions of tokens), or C4 through "
@@ -34,8 +37,8 @@ def train_tokens(summary: dict[str, Any]) -> tuple[int | None, bool]:
 
 
 def check(config: Any, summary: dict[str, Any]) -> float | None:
-    """Raise ConfigError if the run asks for more than data.max_epochs epochs; returns the
-    epochs asked (None if the split's size is unknown)."""
+    """Raise EpochBudgetError if the run asks for more than data.max_epochs epochs; returns
+    the epochs asked (None if the split's size is unknown)."""
     tokens, estimated = train_tokens(summary)
     if not tokens:
         return None
@@ -46,7 +49,7 @@ def check(config: Any, summary: dict[str, Any]) -> float | None:
         source = data.source
         most = int(data.max_epochs * tokens // (train.batch_size * data.seq_len))
         size = f"{'about ' if estimated else ''}{tokens / 1e6:,.2f}M tokens"
-        raise ConfigError(
+        raise EpochBudgetError(
             f"train.steps={train.steps} x train.batch_size={train.batch_size} x data.seq_len="
             f"{data.seq_len} = {asked / 1e6:,.1f}M tokens is {epochs:,.1f} epochs of the "
             f"training split of data.source={source!r} ({size}), more than data.max_epochs="

@@ -70,7 +70,8 @@ def _local_splits(config: Any, tokenizer_kind: str) -> tuple[Any, dict[str, Iter
 
 
 def _tfds_splits(config: Any) -> tuple[Any, dict[str, Iterator[str]], dict[str, Any]]:
-    from gated_attention.data import stream_tokenizer, tfds_source
+    from gated_attention.data import tfds_source
+    from gated_attention.data.inputs import stream_tokenizer
 
     data = config.data
     tfds_source.check(data)
@@ -217,7 +218,7 @@ def main(argv: list[str]) -> None:
 def parse_flags(argv: list[str]) -> list[str]:
     """absl parsing with errors as one line; --seqio_module is imported before the config is
     resolved, so the tasks it registers exist when the config names them."""
-    from gated_attention.data import import_modules
+    from gated_attention.data.inputs import import_modules
 
     try:
         import_modules(_early_flag(argv, "seqio_module"))

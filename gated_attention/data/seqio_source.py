@@ -180,7 +180,7 @@ def build_inputs(config: Any, workdir: Any, *, process_index: int, process_count
     import json
 
     from gated_attention import paths
-    from gated_attention.data import Inputs
+    from gated_attention.data.inputs import Inputs
     from gated_attention.data.pipeline import per_host_batch
 
     data, train = config.data, config.train

@@ -12,7 +12,6 @@ Nothing downloads: a dataset that is not prepared in the data_dir is refused by 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -157,7 +156,7 @@ def estimate_tokens(builder: Any, split: str, data_config: Any, tokenizer: Any,
 
 
 def build_inputs(config: Any, workdir: Any, *, process_index: int, process_count: int):
-    from gated_attention.data import Inputs, stream_tokenizer
+    from gated_attention.data.inputs import Inputs, stream_tokenizer, tokenizer_summary
     from gated_attention.data.pipeline import per_host_batch
 
     data, train = config.data, config.train
@@ -192,9 +191,3 @@ def build_inputs(config: Any, workdir: Any, *, process_index: int, process_count
                            json.dumps(summary, indent=2) + "\n")
     return Inputs(train_iter, evals, tokenizer, summary)
 
-
-def tokenizer_summary(data_config: Any, tokenizer: Any) -> dict[str, Any]:
-    from gated_attention.data.pipeline import tokenizer_id
-
-    return {"kind": data_config.tokenizer, "vocab_size": tokenizer.vocab_size,
-            "id": tokenizer_id(tokenizer), "path": os.fspath(data_config.tokenizer_path)}
