@@ -38,9 +38,10 @@ def analysis_batches(config: Any, workdir: epath.Path, batch_size: int, num_batc
     from gated_attention import data as data_lib
     from gated_attention.data import pipeline
 
-    if config.data.source == "seqio":
+    if config.data.source not in data_lib.LOCAL_SOURCES:  # streamed: seqio, tfds, shards
         inputs = data_lib.build_inputs(config, workdir)
-        return inputs.eval_batches[:num_batches], inputs.tokenizer, "packed seqio eval batches"
+        return (inputs.eval_batches[:num_batches], inputs.tokenizer,
+                f"packed {config.data.source} eval batches")
     local = pipeline.load_local_data(config.data, config.model.vocab_size, workdir)
     batches = pipeline.analysis_batches(local, config.data, batch_size, num_batches)
     if batches:

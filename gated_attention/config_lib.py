@@ -89,27 +89,38 @@ def attention_section(variant: str) -> ml_collections.ConfigDict:
         raise ConfigError(str(err)) from None
 
 
-DATA_SOURCES = ("cpython_docs", "python_source", "files", "seqio")
-TOKENIZERS = ("sentencepiece", "byte")
+DATA_SOURCES = ("cpython_docs", "python_source", "files", "seqio", "tfds", "array_record")
+TOKENIZERS = ("sentencepiece", "byte", "hf")
 SENTENCEPIECE_MODELS = ("unigram", "bpe")
+PACKINGS = ("segments", "concat")  # see gated_attention/data/streams.py
 
 
 def data_section(arch: str) -> ml_collections.ConfigDict:
     """What the model reads. See gated_attention/data/__init__.py for each source."""
     return ml_collections.ConfigDict(dict(
         source="cpython_docs",      # one of DATA_SOURCES
-        tokenizer="sentencepiece",  # one of TOKENIZERS; "byte" needs model.vocab_size >= 259
+        tokenizer="sentencepiece",  # one of TOKENIZERS; "byte" needs model.vocab_size >= 259;
+                                    # "hf" reads data.tokenizer_path (a tokenizer.json)
         seq_len=ARCH_RUN_DEFAULTS[arch]["seq_len"],
         add_bos=False,              # a BOS token at the start of every packed segment
         add_eos=True,               # an EOS token at the end of every document
         eval_fraction=0.05,         # share of documents held out (local sources)
-        paths="",                   # source=files: comma-separated paths or globs (.txt/.jsonl)
-        text_key="text",            # source=files: the text field of .jsonl records
+        paths="",                   # source=files: comma-separated paths or globs (.txt/.jsonl);
+                                    # source=array_record: the folder of prepared shards
+        text_key="text",            # source=files: the text field of .jsonl records; tfds: the
+                                    # text feature
         seqio_task="",              # source=seqio: a registered task ("" = the C4 task)
         seqio_eval_split="validation",
-        tfds_data_dir="",           # source=seqio: a prepared tfds data_dir
+        tfds_data_dir="",           # source=seqio/tfds: a prepared tfds data_dir (local, gs://)
+        tfds_name="",               # source=tfds: e.g. "c4/en:3.1.0" (prepared, never downloaded)
+        tfds_train_split="train",   # source=tfds: split names (tfds slicing allowed)
+        tfds_eval_split="validation",
+        packing="segments",         # one of PACKINGS: "segments" = chunks packed with segment
+                                    # ids; "concat" = documents joined with EOS, no segment ids
+        max_epochs=4.0,             # refuse runs repeating the training split more often
         shuffle_seed=0,
-        tokenizer_path="",          # a SentencePiece .model to use instead of training one
+        tokenizer_path="",          # a SentencePiece .model to use instead of training one,
+                                    # or (tokenizer=hf) a Hugging Face tokenizer.json
         sp_model_type="bpe",        # SentencePiece training (one of SENTENCEPIECE_MODELS);
                                     # bpe trains in ~2 s on the docs corpus, unigram in ~20 s
         sp_input_sentence_size=100_000,  # sentences sampled to train SentencePiece
@@ -211,6 +222,18 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def check_epochs(config: ml_collections.ConfigDict, data_summary: dict[str, Any]
+                 ) -> float | None:
+    """The epoch guard (data.max_epochs), once the training split's size is known from the
+    data summary and before compiling; returns the epochs asked (data/epochs.py)."""
+    from gated_attention.data import epochs
+
+    try:
+        return epochs.check(config, data_summary)
+    except epochs.EpochBudgetError as err:
+        raise ConfigError(str(err)) from None
+
+
 def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
     """Check every data/train/optimizer field (and the model via model_config) before compiling.
 
@@ -224,6 +247,10 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
     _check(data.seq_len >= 2, f"data.seq_len={data.seq_len} must be >= 2")
     _check(0.0 < data.eval_fraction < 1.0,
            f"data.eval_fraction={data.eval_fraction} must be in (0, 1)")
+    _choice("data.packing", data.packing, PACKINGS)
+    _check(data.packing != "concat" or data.add_eos, "data.packing='concat' joins documents "
+           "with EOS: it needs data.add_eos=True")
+    _check(data.max_epochs > 0, f"data.max_epochs={data.max_epochs} must be > 0")
     _check(data.sp_input_sentence_size > 0,
            f"data.sp_input_sentence_size={data.sp_input_sentence_size} must be > 0")
     if data.tokenizer == "byte":
@@ -232,6 +259,17 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
         _check(cfg.vocab_size >= BYTE_VOCAB_SIZE,
                f"data.tokenizer='byte' needs model.vocab_size >= {BYTE_VOCAB_SIZE} (256 bytes "
                f"+ pad, bos, eos); got {cfg.vocab_size}")
+    elif data.tokenizer == "hf" and not (data.source == "array_record"
+                                         and not data.tokenizer_path):  # the shards' own
+        _check(bool(data.tokenizer_path), "data.tokenizer='hf' needs data.tokenizer_path (a "
+               "tokenizer.json file)")
+        from gated_attention.data import hf_tokenizer
+
+        try:  # reads the file once: the vocab check comes before any compile or write
+            hf_tokenizer.check_vocab(hf_tokenizer.HFTokenizer(data.tokenizer_path),
+                                     cfg.vocab_size)
+        except hf_tokenizer.HFTokenizerError as err:
+            raise ConfigError(str(err)) from None
     elif data.source != "seqio":
         _check(cfg.vocab_size >= 64, f"model.vocab_size={cfg.vocab_size} must be >= 64 for a "
                "SentencePiece tokenizer")
@@ -243,10 +281,18 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
     _check(is_local(data.cache_dir), f"data.cache_dir={data.cache_dir!r} must be a local folder "
            "(each host's own cache); the workdir and data.paths may be in a bucket")
     if data.source == "seqio":
-        _check(bool(data.tokenizer_path), "data.source='seqio' needs data.tokenizer_path (a "
-               "SentencePiece .model file with model.vocab_size pieces)")
+        _check(bool(data.tokenizer_path or data.seqio_task), "data.source='seqio' needs "
+               "data.tokenizer_path (a SentencePiece .model file with model.vocab_size pieces) "
+               "or data.seqio_task (a registered task, which brings its vocabulary)")
         _check(data.tokenizer == "sentencepiece", "data.source='seqio' reads a SentencePiece "
                f"vocabulary; data.tokenizer must be 'sentencepiece', not {data.tokenizer!r}")
+    if data.source in ("tfds", "array_record", "seqio"):
+        from gated_attention.data import sources
+
+        try:  # the dataset, shards or task exist, and the shards match the tokenizer
+            sources.check(config)
+        except ValueError as err:
+            raise ConfigError(str(err).strip().splitlines()[0]) from None
 
     _check(train.steps > 0, f"train.steps={train.steps} must be > 0")
     _check(train.batch_size > 0, f"train.batch_size={train.batch_size} must be > 0")
