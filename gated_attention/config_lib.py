@@ -13,6 +13,7 @@ from typing import Any
 
 import ml_collections
 
+from gated_attention.layers.rope import RopeScaling
 from gated_attention.model_config import ModelConfig
 from gated_attention.variants import VARIANTS, AttentionVariant, VariantError, get_variant
 
@@ -50,7 +51,8 @@ ARCH_RUN_DEFAULTS: dict[str, dict[str, Any]] = {
     "dense_1p7b_48l": dict(seq_len=4096, dtype="bfloat16"),
     "moe_15a2b": dict(seq_len=4096, dtype="bfloat16"),
 }
-_MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)} - {"variant", "block_sizes"}
+_MODEL_FIELDS = ({f.name for f in dataclasses.fields(ModelConfig)}
+                 - {"variant", "block_sizes", "rope_scaling"})
 _VARIANT_FIELDS = [f.name for f in dataclasses.fields(AttentionVariant)]
 
 
@@ -77,6 +79,8 @@ def model_section(arch: str) -> ml_collections.ConfigDict:
     fields.update(ARCHS[arch])
     section = ml_collections.ConfigDict(fields)
     section.block_sizes = ml_collections.ConfigDict({"block_q": 0, "block_kv": 0})
+    # Context extension (layers/rope.py, docs/long_context.md): type none|linear|ntk|yarn.
+    section.rope_scaling = ml_collections.ConfigDict(RopeScaling().to_dict())
     return section
 
 
@@ -176,12 +180,26 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     fields = {k: config.model[k] for k in _MODEL_FIELDS if k in config.model}
     block_sizes = tuple((k, int(v)) for k, v in config.model.block_sizes.items() if v)
     try:
-        cfg = ModelConfig(variant=variant, block_sizes=block_sizes, **fields)
+        rope_scaling = rope_scaling_from_config(config.model.get("rope_scaling"))
+        cfg = ModelConfig(variant=variant, block_sizes=block_sizes, rope_scaling=rope_scaling,
+                          **fields)
     except (ValueError, VariantError) as err:
         raise ConfigError(str(err)) from None
     if config.model.get("narrow_ffn_to_match_baseline", False):
         cfg = narrow_ffn_to_match_baseline(cfg)
     return cfg
+
+
+def rope_scaling_from_config(section: ml_collections.ConfigDict | None) -> RopeScaling:
+    """`config.model.rope_scaling` as a validated RopeScaling (absent in older run configs)."""
+    if section is None:
+        return RopeScaling()
+    allowed = [f.name for f in dataclasses.fields(RopeScaling)]
+    unknown = set(section.keys()) - set(allowed)
+    if unknown:
+        raise ConfigError(f"model.rope_scaling.{sorted(unknown)[0]} is not a field; allowed: "
+                          f"{', '.join(allowed)}")
+    return RopeScaling(**dict(section))
 
 
 def narrow_ffn_to_match_baseline(cfg: ModelConfig) -> ModelConfig:

@@ -10,6 +10,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from gated_attention.layers.rope import NO_SCALING, RopeScaling
 from gated_attention.variants import AttentionVariant
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -30,6 +31,7 @@ class ModelConfig:
     qk_norm: bool = True
     zero_centred_norm: bool = False
     rope_base: float = 10_000.0
+    rope_scaling: RopeScaling = NO_SCALING  # base change, linear, NTK-aware or YaRN
     norm_eps: float = 1e-6
     dtype: str = "float32"
     attention_impl: str = "xla"
