@@ -92,7 +92,7 @@ def attention_section(variant: str) -> ml_collections.ConfigDict:
 
 
 DATA_SOURCES = ("cpython_docs", "python_source", "files", "seqio")
-TOKENIZERS = ("sentencepiece", "byte")
+TOKENIZERS = ("sentencepiece", "byte", "hf")
 SENTENCEPIECE_MODELS = ("unigram", "bpe")
 
 
@@ -100,7 +100,8 @@ def data_section(arch: str) -> ml_collections.ConfigDict:
     """What the model reads. See gated_attention/data/__init__.py for each source."""
     return ml_collections.ConfigDict(dict(
         source="cpython_docs",      # one of DATA_SOURCES
-        tokenizer="sentencepiece",  # one of TOKENIZERS; "byte" needs model.vocab_size >= 259
+        tokenizer="sentencepiece",  # one of TOKENIZERS; "byte" needs model.vocab_size >= 259;
+                                    # "hf" reads data.tokenizer_path (a tokenizer.json)
         seq_len=ARCH_RUN_DEFAULTS[arch]["seq_len"],
         add_bos=False,              # a BOS token at the start of every packed segment
         add_eos=True,               # an EOS token at the end of every document
@@ -111,7 +112,8 @@ def data_section(arch: str) -> ml_collections.ConfigDict:
         seqio_eval_split="validation",
         tfds_data_dir="",           # source=seqio: a prepared tfds data_dir
         shuffle_seed=0,
-        tokenizer_path="",          # a SentencePiece .model to use instead of training one
+        tokenizer_path="",          # a SentencePiece .model to use instead of training one,
+                                    # or (tokenizer=hf) a Hugging Face tokenizer.json
         sp_model_type="bpe",        # SentencePiece training (one of SENTENCEPIECE_MODELS);
                                     # bpe trains in ~2 s on the docs corpus, unigram in ~20 s
         sp_input_sentence_size=100_000,  # sentences sampled to train SentencePiece
@@ -253,6 +255,16 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
         _check(cfg.vocab_size >= BYTE_VOCAB_SIZE,
                f"data.tokenizer='byte' needs model.vocab_size >= {BYTE_VOCAB_SIZE} (256 bytes "
                f"+ pad, bos, eos); got {cfg.vocab_size}")
+    elif data.tokenizer == "hf":
+        _check(bool(data.tokenizer_path), "data.tokenizer='hf' needs data.tokenizer_path (a "
+               "tokenizer.json file)")
+        from gated_attention.data import hf_tokenizer
+
+        try:  # reads the file once: the vocab check comes before any compile or write
+            hf_tokenizer.check_vocab(hf_tokenizer.HFTokenizer(data.tokenizer_path),
+                                     cfg.vocab_size)
+        except hf_tokenizer.HFTokenizerError as err:
+            raise ConfigError(str(err)) from None
     elif data.source != "seqio":
         _check(cfg.vocab_size >= 64, f"model.vocab_size={cfg.vocab_size} must be >= 64 for a "
                "SentencePiece tokenizer")

@@ -87,6 +87,8 @@ def tokenize(documents: Sequence[corpus_lib.Document], tokenizer: Tokenizer, add
 
 
 def _tokenizer_id(tokenizer: Tokenizer) -> str:
+    if getattr(tokenizer, "fingerprint", None):  # a tokenizer.json: its text and special ids
+        return tokenizer.fingerprint
     model_file = getattr(tokenizer, "model_file", None)
     if model_file is None:
         return f"byte{tokenizer.vocab_size}"
