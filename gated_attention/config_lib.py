@@ -75,6 +75,8 @@ def model_section(arch: str) -> ml_collections.ConfigDict:
         moe_capacity_factor=0.0, moe_impl="ragged",
         # Table 2: narrow the FFN of a gated model so its parameter count matches the baseline.
         narrow_ffn_to_match_baseline=False,
+        # Biases on q/k/v and on o_proj (off in the paper; set by Hugging Face imports).
+        qkv_bias=False, o_proj_bias=False,
     )
     fields.update(ARCHS[arch])
     section = ml_collections.ConfigDict(fields)

@@ -29,6 +29,9 @@ class ModelConfig:
     variant: AttentionVariant = AttentionVariant(name="baseline")
     tied_embeddings: bool = True
     qk_norm: bool = True
+    # Biases on the q/k/v projections and on o_proj (off in the paper; Qwen-style imports).
+    qkv_bias: bool = False
+    o_proj_bias: bool = False
     zero_centred_norm: bool = False
     rope_base: float = 10_000.0
     rope_scaling: RopeScaling = NO_SCALING  # base change, linear, NTK-aware or YaRN
@@ -80,6 +83,10 @@ class ModelConfig:
                              f"{', '.join(REMAT_POLICIES)}")
         if self.head_dim % 2:
             raise ValueError(f"model.head_dim={self.head_dim} must be even for RoPE")
+        if self.qkv_bias and self.variant.switch_target != "none":
+            raise ValueError("model.qkv_bias=True needs plain k/v projections; variant "
+                             f"{self.variant.name!r} uses Switch-Head projections (switch_target="
+                             f"{self.variant.switch_target!r})")
         self.heads  # noqa: B018 - validates GQA divisibility after the variant's deltas
         if self.variant.extra_experts and not self.is_moe:
             raise ValueError(f"variant {self.variant.name!r} adds experts, which needs an MoE "
