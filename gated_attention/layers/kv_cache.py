@@ -44,13 +44,13 @@ class KVCache:
 
     def append(self, k: jax.Array, v: jax.Array, positions: jax.Array) -> None:
         """Write the new tokens' keys/values [b, s, kv_heads, d] into the next s slots."""
-        start = self.length
+        start, zero = self.length.astype(jnp.int32), jnp.zeros((), jnp.int32)
         self.keys = jax.lax.dynamic_update_slice(self.keys, k.astype(self.keys.dtype),
-                                                 (0, start, 0, 0))
+                                                 (zero, start, zero, zero))
         self.values = jax.lax.dynamic_update_slice(self.values, v.astype(self.values.dtype),
-                                                   (0, start, 0, 0))
+                                                   (zero, start, zero, zero))
         self.positions = jax.lax.dynamic_update_slice(
-            self.positions, positions.astype(jnp.int32), (0, start))
+            self.positions, positions.astype(jnp.int32), (zero, start))
         self.length = start + k.shape[1]
 
     def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, *, positions: jax.Array,
