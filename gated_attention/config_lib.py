@@ -132,6 +132,9 @@ def train_section() -> ml_collections.ConfigDict:
         # A step's loss is a spike if it exceeds spike_factor x EMA(spike_ema) of the losses
         # before it, after warm-up (see metrics_writer.SpikeDetector).
         spike_factor=1.5, spike_ema=0.9,
+        # A run workdir whose latest checkpoint's parameters start this run (fresh optimizer,
+        # step 0), e.g. one written by `python -m gated_attention.convert from_hf`.
+        init_from="",
     ))
 
 
