@@ -124,8 +124,9 @@ def restore_params(workdir: str | os.PathLike[str], target: Any) -> Any:
 
 
 def main(argv: list[str]) -> None:
-    from absl import flags
+    from absl import flags, logging
 
+    logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
     FLAGS = flags.FLAGS
     if len(argv) < 2 or argv[1] not in ("from_hf", "to_hf"):
         sys.exit("usage: python -m gated_attention.convert from_hf HF_DIR --workdir=W | "

@@ -175,8 +175,9 @@ def load_for_generation(workdir: str = "", hf_dir: str = "") -> tuple[Transforme
 
 
 def main(argv: list[str]) -> None:
-    from absl import flags
+    from absl import flags, logging
 
+    logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
     FLAGS = flags.FLAGS
     if len(argv) > 1:
         sys.exit(f"unexpected arguments: {' '.join(argv[1:])}")
