@@ -10,6 +10,7 @@ HF tensors, never the project's parameters.
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 from typing import Any
 
@@ -116,6 +117,31 @@ def _silu(x: np.ndarray) -> np.ndarray:
     return x * _sigmoid(x)
 
 
+def rope_frequencies(hf: dict[str, Any]) -> tuple[np.ndarray, float]:
+    """(inv_freq, cos/sin multiplier) for default, linear and YaRN `rope_scaling`, following
+    the definitions of transformers' rope utilities and the YaRN paper (arXiv 2309.00071)."""
+    d, base = hf["head_dim"], hf["rope_theta"]
+    inv_freq = 1.0 / base ** (np.arange(0, d, 2) / d)
+    spec = hf.get("rope_scaling") or {}
+    kind, factor = spec.get("rope_type", "default"), spec.get("factor", 1.0)
+    if kind == "linear":
+        return inv_freq / factor, 1.0
+    if kind != "yarn":
+        return inv_freq, 1.0
+    length = spec.get("original_max_position_embeddings") or hf["max_position_embeddings"]
+
+    def pair(rotations: float) -> float:  # the pair that turns `rotations` times over length
+        return d * math.log(length / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(pair(spec.get("beta_fast", 32.0))), 0)
+    high = min(math.ceil(pair(spec.get("beta_slow", 1.0))), d - 1)
+    high = high + 0.001 if high == low else high
+    ramp = np.clip((np.arange(d // 2) - low) / (high - low), 0.0, 1.0)
+    keep = 1.0 - ramp  # 1: extrapolate (unchanged), 0: interpolate (divided by factor)
+    scale = spec.get("attention_factor") or 0.1 * math.log(factor) + 1.0
+    return inv_freq / factor * (1.0 - keep) + inv_freq * keep, scale
+
+
 def numpy_forward(hf: dict[str, Any], tensors: dict[str, np.ndarray], ids: np.ndarray,
                   *, naive_gate_split: bool = False) -> np.ndarray:
     """Logits [b, s, vocab] in float64. naive_gate_split: take q_proj's first H*d rows as the
@@ -127,10 +153,10 @@ def numpy_forward(hf: dict[str, Any], tensors: dict[str, np.ndarray], ids: np.nd
                              hf.get("elementwise_attn_output_gate"))
     width = d if elementwise else (1 if headwise else 0)
     b, s = ids.shape
-    inv_freq = 1.0 / hf["rope_theta"] ** (np.arange(0, d, 2) / d)
+    inv_freq, scale = rope_frequencies(hf)
     freqs = np.arange(s)[:, None] * inv_freq[None]
     emb = np.concatenate([freqs, freqs], axis=-1)  # [s, d]
-    cos, sin = np.cos(emb)[None, :, None], np.sin(emb)[None, :, None]
+    cos, sin = scale * np.cos(emb)[None, :, None], scale * np.sin(emb)[None, :, None]
     causal = np.tril(np.ones((s, s), bool))
     x = t["model.embed_tokens.weight"][ids]
     for i in range(hf["num_hidden_layers"]):

@@ -130,13 +130,19 @@ def test_rope_scaling_mapping():
         "rope_type": "linear", "factor": 2.0}
 
 
-def test_yarn_import_runs_end_to_end(tmp_path):
-    config = tiny_hf_config(rope_scaling={"rope_type": "yarn", "factor": 2.0,
-                                          "original_max_position_embeddings": 64})
-    model, run = hf.load_pretrained(write_hf_folder(tmp_path, config, random_tensors(config)))
-    assert model.cfg.rope_scaling.type == "yarn" and model.cfg.rope_scaling.factor == 2.0
-    assert run.model.rope_scaling.original_max_position == 64
-    assert np.isfinite(_logits(model)).all()
+@pytest.mark.parametrize("scaling", [
+    {"rope_type": "linear", "factor": 3.0},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+])
+def test_scaled_rope_imports_match_numpy_forward(tmp_path, scaling):
+    config = tiny_hf_config("g1_sdpa_headwise", rope_scaling=scaling, rope_theta=100.0)
+    tensors = random_tensors(config, seed=4)
+    model, run = hf.load_pretrained(write_hf_folder(tmp_path, config, tensors))
+    assert model.cfg.rope_scaling.type == scaling["rope_type"]
+    expected = numpy_forward(config, tensors, IDS)
+    np.testing.assert_allclose(_logits(model), expected, atol=1e-4, rtol=0)
+    plain = numpy_forward({**config, "rope_scaling": None}, tensors, IDS)
+    assert np.abs(plain - expected).max() > 1e-2  # the scaling matters at these positions
 
 
 def _folder(tmp_path, **overrides):
