@@ -8,7 +8,8 @@ per step from the KV cache; one jitted scan) and of a recomputation baseline tha
 whole sequence buffer through the model for every new token (also one jitted scan over a
 fixed-length buffer, so neither side recompiles). Both decode greedily from the same random
 prompts and must produce the same tokens, which the script checks. Random weights: speed does
-not depend on them. Prefill and compile time are excluded (each side runs once to warm up).
+not depend on them. Each side runs once to compile and warm up, then the median of the timed
+runs counts (the cached side's time includes its prefill).
 """
 
 from __future__ import annotations
