@@ -299,6 +299,10 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
            f"train.keep_checkpoints={train.keep_checkpoints} must be >= 1")
     for name in ("z_loss", "moe_aux_weight", "moe_z_loss_weight"):
         _check(train[name] >= 0, f"train.{name}={train[name]} must be >= 0")
+    if train.get("init_from"):  # the other run's parameters must fit this model
+        from gated_attention.convert import check_init_from
+
+        check_init_from(config)
     _check(train.spike_factor > 1.0, f"train.spike_factor={train.spike_factor} must be > 1")
     _check(0.0 <= train.spike_ema < 1.0, f"train.spike_ema={train.spike_ema} must be in [0, 1)")
 

@@ -95,6 +95,35 @@ def to_hf(workdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
     return written
 
 
+def check_init_from(config: Any) -> None:
+    """train.init_from must be a run whose parameters have this model's shapes (checked from
+    both configs, abstractly, before anything is compiled or written)."""
+    import json
+
+    import ml_collections
+
+    from gated_attention import config_lib
+    from gated_attention.model import abstract_model
+
+    source = str(config.train.init_from)
+    saved = paths.resolve(source) / "config.json"
+    if not saved.exists() or not (paths.resolve(source) / "checkpoints").exists():
+        raise ConfigError(f"train.init_from={source!r} is not a run workdir with checkpoints "
+                          "(e.g. one written by `python -m gated_attention.convert from_hf`)")
+    theirs = config_lib.model_config(ml_collections.ConfigDict(json.loads(saved.read_text())))
+
+    def shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
+        state = nnx.state(abstract_model(cfg), nnx.Param)
+        return {".".join(map(str, path)): tuple(v.get_value().shape)
+                for path, v in nnx.to_flat_state(state)}
+
+    ours, source_shapes = shapes(config_lib.model_config(config)), shapes(theirs)
+    for name in sorted(set(ours) | set(source_shapes)):
+        if ours.get(name) != source_shapes.get(name):
+            raise ConfigError(f"train.init_from={source!r} has parameter {name} of shape "
+                              f"{source_shapes.get(name)}, this model needs {ours.get(name)}")
+
+
 def restore_params(workdir: str | os.PathLike[str], target: Any) -> Any:
     """The parameters of a run's latest checkpoint, onto `target` (ShapeDtypeStructs with
     shardings). Only `params` is read, so the optimizer settings may differ."""

@@ -96,3 +96,13 @@ def test_convert_refuses_before_writing(hf_folder, tmp_path):
     with pytest.raises(config_lib.ConfigError, match="use_sliding_window"):
         convert.from_hf(tmp_path / "bad", tmp_path / "new")
     assert not (tmp_path / "new").exists()
+    # a new run that would start from weights that do not fit is refused before compiling
+    convert.from_hf(folder, tmp_path / "run")
+    config = config_lib.base_config("tiny", "g1_sdpa_headwise")
+    config.train.init_from = str(tmp_path / "run")
+    with pytest.raises(config_lib.ConfigError, match=r"has parameter embed of shape \(320, 32\), "
+                                                     r"this model needs \(1024, 128\)"):
+        config_lib.validate_run_config(config)
+    config.train.init_from = str(tmp_path / "busy")
+    with pytest.raises(config_lib.ConfigError, match="is not a run workdir with checkpoints"):
+        config_lib.validate_run_config(config)
