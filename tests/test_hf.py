@@ -54,6 +54,17 @@ def test_moe_and_biases_match_numpy_forward(tmp_path):
     model, run = hf.load_pretrained(write_hf_folder(tmp_path / "moe", config, tensors))
     assert model.cfg.is_moe and model.cfg.experts == (4, 2) and model.cfg.moe_renormalize
     np.testing.assert_allclose(_logits(model), numpy_forward(config, tensors, IDS), atol=1e-4)
+    # the same experts stored fused, as transformers 5 may save them, load to the same model
+    fused = {k: v for k, v in tensors.items() if ".experts." not in k}
+    for i in range(config["num_hidden_layers"]):
+        e = f"model.layers.{i}.mlp.experts."
+        stack = lambda name, e=e: np.stack([tensors[f"{e}{j}.{name}.weight"]  # noqa: E731
+                                            for j in range(config["num_experts"])])
+        fused[e + "gate_up_proj"] = np.concatenate([stack("gate_proj"), stack("up_proj")], 1)
+        fused[e + "down_proj"] = stack("down_proj")
+    again, _ = hf.load_pretrained(write_hf_folder(tmp_path / "fused", config, fused))
+    for name, value in hf.flat_params(again).items():
+        np.testing.assert_array_equal(value, hf.flat_params(model)[name])
 
     config = tiny_hf_config("baseline", bias=True)
     tensors = random_tensors(config, seed=2)

@@ -33,8 +33,15 @@ def gate_width(cfg: ModelConfig) -> int:
     return 1 if cfg.variant.name == "g1_sdpa_headwise" else 0
 
 
-def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every Hugging Face tensor the config implies, with its shape."""
+def fused_experts(tensors: Tensors) -> bool:
+    """transformers 5 may store a layer's experts as two 3-D tensors: `experts.gate_up_proj`
+    [E, 2F, D] (gate rows, then up rows) and `experts.down_proj` [E, D, F]."""
+    return "model.layers.0.mlp.experts.gate_up_proj" in tensors
+
+
+def expected_shapes(cfg: ModelConfig, fused: bool = False) -> dict[str, tuple[int, ...]]:
+    """Every Hugging Face tensor the config implies, with its shape (per-expert MoE tensors
+    as on the Hub, or `fused` as transformers 5 may save them)."""
     heads, kv_heads = cfg.heads
     D, d, V = cfg.d_model, cfg.head_dim, cfg.vocab_size
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, D),
@@ -63,6 +70,10 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             experts, _ = cfg.experts
             F = cfg.expert_mlp_dim
             shapes[p + "mlp.gate.weight"] = (experts, D)
+            if fused:
+                shapes[p + "mlp.experts.gate_up_proj"] = (experts, 2 * F, D)
+                shapes[p + "mlp.experts.down_proj"] = (experts, D, F)
+                continue
             for e in range(experts):
                 q = f"{p}mlp.experts.{e}."
                 shapes.update({q + "gate_proj.weight": (F, D), q + "up_proj.weight": (F, D),
@@ -76,7 +87,7 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def check_tensors(tensors: Tensors, cfg: ModelConfig, where: str) -> None:
     """One-line errors for a missing, unexpected or wrongly shaped tensor."""
-    shapes = expected_shapes(cfg)
+    shapes = expected_shapes(cfg, fused_experts(tensors))
     for name, shape in shapes.items():
         if name not in tensors:
             raise ConfigError(f"{where}: tensor {name} is missing (config.json implies it, "
@@ -171,7 +182,16 @@ def to_params(tensors: Tensors, cfg: ModelConfig) -> Params:
             params[a + "v_bias"] = t[p + "self_attn.v_proj.bias"].reshape(kv_heads, d)
         if cfg.o_proj_bias:
             params[a + "o_bias"] = t[p + "self_attn.o_proj.bias"]
-        if cfg.is_moe:
+        if cfg.is_moe and fused_experts(tensors):
+            F = cfg.expert_mlp_dim
+            gate_up = t[p + "mlp.experts.gate_up_proj"]  # [E, 2F, D]
+            params.update({
+                q + "ffn.router": t[p + "mlp.gate.weight"].T,
+                q + "ffn.gate_proj": gate_up[:, :F].transpose(0, 2, 1),
+                q + "ffn.up_proj": gate_up[:, F:].transpose(0, 2, 1),
+                q + "ffn.down_proj": t[p + "mlp.experts.down_proj"].transpose(0, 2, 1),
+            })
+        elif cfg.is_moe:
             experts = range(cfg.experts[0])
             e = p + "mlp.experts.{}."
             params.update({
