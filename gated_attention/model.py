@@ -41,6 +41,9 @@ class Transformer(nnx.Module):
         """kv_caches: one per layer when decoding (gated_attention/generate.py)."""
         cfg = self.cfg
         capture = validate_capture(capture)
+        if capture and kv_caches is not None:
+            raise ValueError("capture needs the whole sequence; run the model over the finished "
+                             "text instead of capturing while decoding with kv_caches")
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
         # FSDP: gather the table's embed dimension before the lookup (as for every weight), so

@@ -103,3 +103,6 @@ def test_bad_arguments_are_refused():
         gen.generate(model, [[1]], 2, top_p=1.5)
     with pytest.raises(ValueError, match="at least one token"):
         gen.generate(model, [[]], 2)
+    caches = gen.empty_caches(model.cfg, 1, 4)
+    with pytest.raises(ValueError, match="capture needs the whole sequence"):
+        model(jnp.asarray([[1, 2]]), capture={"attention_probs"}, kv_caches=caches)
