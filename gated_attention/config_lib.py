@@ -15,6 +15,7 @@ import ml_collections
 
 from gated_attention.accounting import count_params
 from gated_attention.analysis import stability
+from gated_attention.layers.rope import RopeScaling
 from gated_attention.model_config import ModelConfig
 from gated_attention.variants import VARIANTS, AttentionVariant, VariantError, get_variant
 
@@ -52,7 +53,8 @@ ARCH_RUN_DEFAULTS: dict[str, dict[str, Any]] = {
     "dense_1p7b_48l": dict(seq_len=4096, dtype="bfloat16"),
     "moe_15a2b": dict(seq_len=4096, dtype="bfloat16"),
 }
-_MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)} - {"variant", "block_sizes"}
+_MODEL_FIELDS = ({f.name for f in dataclasses.fields(ModelConfig)}
+                 - {"variant", "block_sizes", "rope_scaling"})
 _VARIANT_FIELDS = [f.name for f in dataclasses.fields(AttentionVariant)]
 
 
@@ -75,10 +77,14 @@ def model_section(arch: str) -> ml_collections.ConfigDict:
         dtype=ARCH_RUN_DEFAULTS[arch]["dtype"],
         # Table 2: narrow the FFN of a gated model so its parameter count matches the baseline.
         narrow_ffn_to_match_baseline=False,
+        # Biases on q/k/v and on o_proj (off in the paper; set by Hugging Face imports).
+        qkv_bias=False, o_proj_bias=False,
     )
     fields.update(ARCHS[arch])
     section = ml_collections.ConfigDict(fields)
     section.block_sizes = ml_collections.ConfigDict({"block_q": 0, "block_kv": 0})
+    # Context extension (layers/rope.py, docs/long_context.md): type none|linear|ntk|yarn.
+    section.rope_scaling = ml_collections.ConfigDict(RopeScaling().to_dict())
     return section
 
 
@@ -137,6 +143,9 @@ def train_section() -> ml_collections.ConfigDict:
         # A step's loss is a spike if it exceeds spike_factor x EMA(spike_ema) of the losses
         # before it, after warm-up (see metrics_writer.SpikeDetector).
         spike_factor=stability.SPIKE_FACTOR, spike_ema=stability.EMA_DECAY,
+        # A run workdir whose latest checkpoint's parameters start this run (fresh optimizer,
+        # step 0), e.g. one written by `python -m gated_attention.convert from_hf`.
+        init_from="",
     ))
 
 
@@ -186,12 +195,26 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     fields = {k: config.model[k] for k in _MODEL_FIELDS if k in config.model}
     block_sizes = tuple((k, int(v)) for k, v in config.model.block_sizes.items() if v)
     try:
-        cfg = ModelConfig(variant=variant, block_sizes=block_sizes, **fields)
+        rope_scaling = rope_scaling_from_config(config.model.get("rope_scaling"))
+        cfg = ModelConfig(variant=variant, block_sizes=block_sizes, rope_scaling=rope_scaling,
+                          **fields)
     except (ValueError, VariantError) as err:
         raise ConfigError(str(err)) from None
     if config.model.get("narrow_ffn_to_match_baseline", False):
         cfg = narrow_ffn_to_match_baseline(cfg)
     return cfg
+
+
+def rope_scaling_from_config(section: ml_collections.ConfigDict | None) -> RopeScaling:
+    """`config.model.rope_scaling` as a validated RopeScaling (absent in older run configs)."""
+    if section is None:
+        return RopeScaling()
+    allowed = [f.name for f in dataclasses.fields(RopeScaling)]
+    unknown = set(section.keys()) - set(allowed)
+    if unknown:
+        raise ConfigError(f"model.rope_scaling.{sorted(unknown)[0]} is not a field; allowed: "
+                          f"{', '.join(allowed)}")
+    return RopeScaling(**dict(section))
 
 
 def narrow_ffn_to_match_baseline(cfg: ModelConfig) -> ModelConfig:
@@ -307,6 +330,10 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
            f"train.keep_checkpoints={train.keep_checkpoints} must be >= 1")
     for name in ("z_loss", "moe_aux_weight", "moe_z_loss_weight"):
         _check(train[name] >= 0, f"train.{name}={train[name]} must be >= 0")
+    if train.get("init_from"):  # the other run's parameters must fit this model
+        from gated_attention.convert import check_init_from
+
+        check_init_from(config)
     _check(train.spike_factor > 1.0, f"train.spike_factor={train.spike_factor} must be > 1")
     _check(0.0 <= train.spike_ema < 1.0, f"train.spike_ema={train.spike_ema} must be in [0, 1)")
 

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from gated_attention.layers.moe_ops import MOE_IMPLS
+from gated_attention.layers.rope import NO_SCALING, RopeScaling
 from gated_attention.ops import IMPLS as ATTENTION_IMPLS
 from gated_attention.variants import AttentionVariant
 
@@ -40,8 +41,12 @@ class ModelConfig:
     variant: AttentionVariant = AttentionVariant(name="baseline")
     tied_embeddings: bool = True
     qk_norm: bool = True
+    # Biases on the q/k/v projections and on o_proj (off in the paper; Qwen-style imports).
+    qkv_bias: bool = False
+    o_proj_bias: bool = False
     zero_centred_norm: bool = False
     rope_base: float = 10_000.0
+    rope_scaling: RopeScaling = NO_SCALING  # base change, linear, NTK-aware or YaRN
     norm_eps: float = 1e-6
     dtype: str = "float32"
     attention_impl: str = "auto"  # one of ops.IMPLS; "auto" picks per compile target
@@ -93,6 +98,10 @@ class ModelConfig:
                              f"choose one of {', '.join(ATTENTION_IMPLS)}")
         if self.head_dim % 2:
             raise ValueError(f"model.head_dim={self.head_dim} must be even for RoPE")
+        if self.qkv_bias and self.variant.switch_target != "none":
+            raise ValueError("model.qkv_bias=True needs plain k/v projections; variant "
+                             f"{self.variant.name!r} uses Switch-Head projections (switch_target="
+                             f"{self.variant.switch_target!r})")
         self.heads  # noqa: B018 - validates GQA divisibility after the variant's deltas
         if self.variant.extra_experts and not self.is_moe:
             raise ValueError(f"variant {self.variant.name!r} adds experts, which needs an MoE "

@@ -236,6 +236,11 @@ def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False
     else:
         with jax.set_mesh(mesh):
             state = spec.init()
+        if train_cfg.get("init_from"):  # another run's weights, e.g. a Hugging Face import
+            from gated_attention.convert import restore_params
+
+            target = checkpoint_lib.abstract_with_shardings(spec.abstract, spec.shardings)
+            state["params"] = restore_params(train_cfg.init_from, target["params"])
 
     step_fn = jit_train_step(make_train_step(spec.graphdef, config, tx), mesh, spec.shardings,
                              rules)
