@@ -28,6 +28,8 @@ flags.DEFINE_bool("progress", True, "Show a progress bar.")
 flags.DEFINE_enum("multihost", "auto", ["auto", "yes", "no"],
                   "Join the other hosts with jax.distributed.initialize(): auto does on a TPU "
                   "pod, with GATED_ATTENTION_MULTIHOST=1 or with JAX_COORDINATOR_ADDRESS set.")
+flags.DEFINE_string("seqio_module", "", "Module(s) to import first (comma-separated), e.g. "
+                    "one registering the seqio task named by --config.data.seqio_task.")
 flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
 
@@ -40,8 +42,11 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
     config = FLAGS.config
     try:
+        from gated_attention.data.inputs import import_modules
+
+        import_modules(FLAGS.seqio_module)  # registers the user's seqio tasks
         config_lib.validate_run_config(config)
-    except config_lib.ConfigError as err:
+    except (config_lib.ConfigError, ImportError) as err:
         sys.exit(f"Config error: {err}")
     distributed.initialize({"auto": None, "yes": True, "no": False}[FLAGS.multihost])
     try:

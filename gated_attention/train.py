@@ -223,6 +223,7 @@ def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False
 
     inputs = data_lib.build_inputs(config, workdir, process_index=shard_index,
                                    process_count=shard_count)
+    data_lib.check_epochs(config, inputs)  # before compiling: data.max_epochs
     tx = optim.make_optimizer(config.optimizer, train_cfg.steps)
     spec = train_state_spec(config, mesh, tx)
     ckpt = checkpoint_lib.Checkpointer(workdir, keep=train_cfg.keep_checkpoints,
