@@ -45,18 +45,18 @@ def test_perplexity_at_the_training_length_is_the_analysis_perplexity(trained):
 
 def test_evaluation_writes_every_length_and_keeps_earlier_results(trained, capsys):
     assert evaluate_length.position_buckets(300) == [(0, 64), (64, 128), (128, 256), (256, 300)]
-    result = evaluate_length.evaluate(trained, [150, 64], tasks=("passkey",), examples=2,
-                                      ppl_rows=2, batch_size=2, block=32)
+    result = evaluate_length.evaluate(trained, [150, 64], scalings=("yarn",),
+                                      tasks=("passkey",), examples=2, ppl_rows=2, batch_size=2,
+                                      block=32)
     assert result["settings"]["lengths"] == [64, 150]
     assert result["settings"]["yarn_factor"] == pytest.approx(150 / 32)
-    for scaling in ("none", "yarn"):
-        at_150 = result["results"][scaling]["150"]
-        buckets = at_150["perplexity"]["buckets"]
-        assert sum(b["tokens"] for b in buckets) == at_150["perplexity"]["tokens"] == 2 * 150
-        assert np.isfinite(at_150["perplexity"]["perplexity"])
-        assert 0.0 <= at_150["tasks"]["passkey"]["score"] <= 1.0
-        too_short = result["results"][scaling]["64"]["tasks"]["passkey"]
-        assert too_short["score"] is None and "too short" in too_short["note"]
+    at_150 = result["results"]["yarn"]["150"]
+    buckets = at_150["perplexity"]["buckets"]
+    assert sum(b["tokens"] for b in buckets) == at_150["perplexity"]["tokens"] == 2 * 150
+    assert np.isfinite(at_150["perplexity"]["perplexity"])
+    assert 0.0 <= at_150["tasks"]["passkey"]["score"] <= 1.0
+    too_short = result["results"]["yarn"]["64"]["tasks"]["passkey"]
+    assert too_short["score"] is None and "too short" in too_short["note"]
     saved = trained / "length_eval" / "length_eval.json"
     assert json.loads(saved.read_text())["settings"] == result["settings"]
     # Other settings: the earlier result moves aside instead of being overwritten.
