@@ -9,6 +9,7 @@ ConfigDict into the frozen ModelConfig the layers read, validating every field f
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import ml_collections
@@ -90,6 +91,7 @@ def attention_section(variant: str) -> ml_collections.ConfigDict:
 DATA_SOURCES = ("cpython_docs", "python_source", "files", "seqio")
 TOKENIZERS = ("sentencepiece", "byte")
 SENTENCEPIECE_MODELS = ("unigram", "bpe")
+ON_NONFINITE = ("stop", "skip")
 
 
 def data_section(arch: str) -> ml_collections.ConfigDict:
@@ -124,6 +126,9 @@ def train_section() -> ml_collections.ConfigDict:
         # A step's loss is a spike if it exceeds spike_factor x EMA(spike_ema) of the losses
         # before it, after warm-up (see metrics_writer.SpikeDetector).
         spike_factor=1.5, spike_ema=0.9,
+        # A step with a non-finite loss or gradient is never applied; then "stop" ends the
+        # run (non-zero exit), "skip" goes on and stops after max_skipped such steps in a row.
+        on_nonfinite="stop", max_skipped=10,
     ))
 
 
@@ -164,6 +169,47 @@ def variant_from_config(config: ml_collections.ConfigDict) -> AttentionVariant:
         return AttentionVariant(**fields)
     except VariantError as err:
         raise ConfigError(f"attention: {err}") from None
+
+
+def variant_label(config: ml_collections.ConfigDict) -> str:
+    """The variant's name as the fields say: the paper variant `config.attention` was copied
+    from (attention.name), then "+field=value" for each axis set apart from it."""
+    variant = variant_from_config(config)
+    base = variant.name.split("+")[0]
+    reference = VARIANTS.get(base, AttentionVariant(name=base))
+    changed = [f"{k}={getattr(variant, k)}" for k in _VARIANT_FIELDS
+               if k != "name" and getattr(variant, k) != getattr(reference, k)]
+    return "+".join([base, *changed])
+
+
+def check_labels(config: ml_collections.ConfigDict) -> None:
+    """`config.variant` and `config.arch` name what the fields hold, so they cannot disagree.
+
+    The variant label is derived from config.attention (an axis override renames it, e.g.
+    `g1_sdpa_elementwise+activation=silu`); a label set apart from the fields (an override
+    of config.variant or config.arch alone) is refused.
+    """
+    label = variant_label(config)
+    if config.variant not in (label.split("+")[0], label):
+        raise ConfigError(
+            f"config.variant={config.variant!r} disagrees with config.attention, which holds "
+            f"{label!r}; the label follows the fields: choose the variant in the config string "
+            "(configs/ablation.py:variant=NAME) or override config.attention.<field>")
+    if config.variant != label:
+        try:
+            config.variant = label
+        except (AttributeError, TypeError, ValueError):
+            pass  # a frozen config: checked above, left as it is
+    _choice("arch", config.arch, ARCHS)
+    fields = {k: config.model.get(k) for k in ARCHS[config.arch]}
+    if fields != ARCHS[config.arch]:
+        same = [name for name, arch in ARCHS.items()
+                if {k: config.model.get(k) for k in arch} == arch]
+        if same:
+            raise ConfigError(
+                f"config.arch={config.arch!r} disagrees with config.model, which holds the "
+                f"{same[0]!r} architecture; choose the arch in the config string "
+                "(configs/ablation.py:arch=NAME) or override config.model.<field>")
 
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
@@ -218,7 +264,9 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
     """Check every data/train/optimizer field (and the model via model_config) before compiling.
 
     Returns the ModelConfig; raises ConfigError naming the field and its allowed values.
+    The variant label is brought in line with the fields first (check_labels).
     """
+    check_labels(config)
     cfg = model_config(config)
     data, train, opt = config.data, config.train, config.optimizer
     _choice("data.source", data.source, DATA_SOURCES)
@@ -245,6 +293,19 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
 
     _check(is_local(data.cache_dir), f"data.cache_dir={data.cache_dir!r} must be a local folder "
            "(each host's own cache); the workdir and data.paths may be in a bucket")
+    if data.tokenizer_path:
+        from gated_attention.paths import resolve
+
+        _check(resolve(data.tokenizer_path).exists(),
+               f"data.tokenizer_path={data.tokenizer_path!r} does not exist (a SentencePiece "
+               ".model file; leave it empty to train one)")
+    if data.source == "files":
+        import glob
+
+        for part in filter(None, (p.strip() for p in data.paths.split(","))):
+            _check(not is_local(part) or bool(glob.glob(os.path.expanduser(part))),
+                   f"data.paths: {part!r} matches no file (comma-separated paths or globs of "
+                   ".txt / .jsonl files)")
     if data.source == "seqio":
         _check(bool(data.tokenizer_path), "data.source='seqio' needs data.tokenizer_path (a "
                "SentencePiece .model file with model.vocab_size pieces)")
@@ -266,6 +327,9 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
         _check(train[name] >= 0, f"train.{name}={train[name]} must be >= 0")
     _check(train.spike_factor > 1.0, f"train.spike_factor={train.spike_factor} must be > 1")
     _check(0.0 <= train.spike_ema < 1.0, f"train.spike_ema={train.spike_ema} must be in [0, 1)")
+    _choice("train.on_nonfinite", train.get("on_nonfinite", "stop"), ON_NONFINITE)
+    _check(train.get("max_skipped", 1) >= 1,
+           f"train.max_skipped={train.get('max_skipped')} must be >= 1")
 
     _check(opt.peak_lr > 0, f"optimizer.peak_lr={opt.peak_lr} must be > 0")
     _check(0 <= opt.final_lr <= opt.peak_lr,
