@@ -6,14 +6,18 @@
 
 Any config field can be overridden with --config.<section>.<field>=value. The resolved
 config is saved as <workdir>/config.json; starting again in the same workdir resumes from the
-latest checkpoint; a workdir holding a different run is refused unless --overwrite is given
-(the old contents are then moved to <workdir>.backup-<timestamp>). The workdir may be in a
+latest checkpoint (or extends it, if only --config.train.steps grew); a workdir holding a
+different run is refused unless --overwrite is given (the old contents are then moved to
+<workdir>.backup-<timestamp>), and so is a second launch while the first is alive.
+Ctrl-C or SIGTERM saves a checkpoint at the step reached and exits (130 / 143); a diverged
+run (non-finite loss) exits 1 naming the step (see docs/fault_tolerance.md). The workdir may be in a
 bucket (--workdir=gs://bucket/runs/x). On a pod every host runs the same command
 (--multihost=auto joins them).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 
 from absl import app, flags, logging
@@ -35,10 +39,11 @@ FLAGS = flags.FLAGS
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    from gated_attention import config_lib, distributed, train, workdir
+    from gated_attention import checkpoint, config_lib, distributed, interrupts, train, workdir_lock
+    from gated_attention import workdir as workdir_lib
 
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
-    config = FLAGS.config
+    config = _load_config()
     try:
         config_lib.validate_run_config(config)
     except config_lib.ConfigError as err:
@@ -47,12 +52,43 @@ def main(argv: list[str]) -> None:
     try:
         summary = train.run(config, FLAGS.workdir, overwrite=FLAGS.overwrite,
                             progress=FLAGS.progress)
-    except (workdir.WorkdirError, config_lib.ConfigError) as err:
+    except config_lib.ConfigError as err:
+        sys.exit(f"Config error: {err}")
+    except (workdir_lib.WorkdirError, workdir_lock.WorkdirBusyError,
+            checkpoint.CheckpointError) as err:
         sys.exit(f"Error: {err}")
+    except train.NonFiniteError as err:
+        sys.exit(f"Diverged: {err}")
+    except interrupts.Interrupted as err:
+        print(f"Stopped: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
     evaluation = summary.get("eval") or {}
     if evaluation:
         print(f"Done: step {summary['steps']}, held-out loss {evaluation['loss']:.4f}, "
               f"perplexity {evaluation['perplexity']:.2f}. Run in {FLAGS.workdir}")
+
+
+def _load_config():
+    """FLAGS.config, with a config file that cannot be loaded as one line (absl loads it
+    lazily, at the first access)."""
+    try:
+        config = FLAGS.config
+        config.keys()
+    except OSError as err:
+        reason = str(err).strip().splitlines()[-1].strip()
+        sys.exit(f"Config error: --config={FLAGS['config'].serialize().split('=', 1)[-1]} "
+                 f"cannot be loaded ({reason})")
+    return config
+
+
+def _last_exception_line(text: str) -> str:
+    """`pkg.module.SomeError: message` -> `message`, from the end of a traceback text."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        match = re.match(r"^[\w.]*(Error|Exception)(:\s*(.*))?$", line)
+        if match:
+            return match.group(3) or line
+    return " ".join(lines[-1:])
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -60,7 +96,10 @@ def parse_flags(argv: list[str]) -> list[str]:
     try:
         return FLAGS(argv)
     except flags.Error as err:
-        sys.exit(f"Flag error: {err}\nPass --helpfull to see the flags.")
+        text = str(err)
+        if "Traceback (most recent call last)" in text:  # the config file itself raised
+            sys.exit(f"Config error: {_last_exception_line(text)}")
+        sys.exit(f"Flag error: {text.splitlines()[0]}\nPass --helpfull to see the flags.")
     except (AttributeError, KeyError, TypeError, ValueError) as err:
         message = str(err).strip("'\"").replace("\\n", " ").replace("\\'", "'")
         sys.exit(f"Config error: {message}")

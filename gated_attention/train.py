@@ -277,12 +277,20 @@ def _load_inputs(config: Any, target: Any, shard_index: int, shard_count: int) -
     from gated_attention import data as data_lib
 
     try:
-        return data_lib.build_inputs(config, target, process_index=shard_index,
-                                     process_count=shard_count)
+        inputs = data_lib.build_inputs(config, target, process_index=shard_index,
+                                       process_count=shard_count)
     except config_lib.ConfigError:
         raise
     except (ValueError, KeyError, FileNotFoundError) as err:
         raise config_lib.ConfigError(f"data: {_one_line(err)}") from None
+    held_out = (inputs.summary or {}).get("held_out", {}).get("tokens")
+    seq_len = config.data.seq_len
+    if config.train.eval_batches and held_out is not None and held_out < seq_len + 1:
+        raise config_lib.ConfigError(
+            f"data.seq_len={seq_len} is longer than the whole held-out split ({held_out} "
+            "tokens): lower data.seq_len, raise data.eval_fraction, or set "
+            "train.eval_batches=0")
+    return inputs
 
 
 def _one_line(err: BaseException | str) -> str:
@@ -496,7 +504,7 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
                                         tok_s=f"{metrics.last['tokens_per_sec']:,.0f}")
                 if bar is not None:
                     bar.update(1)
-                if not stopping and train_cfg.eval_every and eval_batches and (
+                if train_cfg.eval_every and eval_batches and (  # due even when stopping
                         done % train_cfg.eval_every == 0 or done == train_cfg.steps):
                     last_eval = {"step": done,
                                  **evaluate(eval_fn, state["params"], eval_batches)}

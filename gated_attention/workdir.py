@@ -96,7 +96,10 @@ def prepare(workdir: str | os.PathLike[str], config: Any, *, overwrite: bool = F
             moved = backup(root)
             print(f"--overwrite: moved the old contents of {root} to {moved}")
             state = "new"
-        root.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise WorkdirError(f"--workdir={root} cannot be created ({err})") from None
         if lock is not None:
             _take(lock)
         if state == "extend":
