@@ -201,15 +201,17 @@ def check_labels(config: ml_collections.ConfigDict) -> None:
         except (AttributeError, TypeError, ValueError):
             pass  # a frozen config: checked above, left as it is
     _choice("arch", config.arch, ARCHS)
-    fields = {k: config.model.get(k) for k in ARCHS[config.arch]}
-    if fields != ARCHS[config.arch]:
-        same = [name for name, arch in ARCHS.items()
-                if {k: config.model.get(k) for k in arch} == arch]
-        if same:
-            raise ConfigError(
-                f"config.arch={config.arch!r} disagrees with config.model, which holds the "
-                f"{same[0]!r} architecture; choose the arch in the config string "
-                "(configs/ablation.py:arch=NAME) or override config.model.<field>")
+    closest = max(ARCHS, key=lambda name: (_share_matching(config.model, ARCHS[name]),
+                                           name == config.arch))
+    if closest != config.arch:
+        raise ConfigError(
+            f"config.arch={config.arch!r} disagrees with config.model, which is closest to the "
+            f"{closest!r} architecture; choose the arch in the config string "
+            "(configs/ablation.py:arch=NAME) or override config.model.<field>")
+
+
+def _share_matching(model: ml_collections.ConfigDict, arch: dict[str, Any]) -> float:
+    return sum(model.get(k) == v for k, v in arch.items()) / len(arch)
 
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:

@@ -23,27 +23,37 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
-                                "configs/ablation.py:arch=tiny,variant=baseline",
-                                lock_config=True)
-flags.DEFINE_string("workdir", None, "Directory for config, checkpoints and metrics.")
-flags.DEFINE_bool("overwrite", False, "Move an existing different run aside and start anew.")
-flags.DEFINE_bool("progress", True, "Show a progress bar.")
-flags.DEFINE_enum("multihost", "auto", ["auto", "yes", "no"],
-                  "Join the other hosts with jax.distributed.initialize(): auto does on a TPU "
-                  "pod, with GATED_ATTENTION_MULTIHOST=1 or with JAX_COORDINATOR_ADDRESS set.")
-flags.mark_flags_as_required(["config", "workdir"])
-FLAGS = flags.FLAGS
+
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    """The command's flags on `flag_values` (tests parse many command lines, each on its own)."""
+    config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
+                                    "configs/ablation.py:arch=tiny,variant=baseline",
+                                    lock_config=True, flag_values=flag_values)
+    flags.DEFINE_string("workdir", None, "Directory for config, checkpoints and metrics.",
+                        flag_values=flag_values)
+    flags.DEFINE_bool("overwrite", False, "Move an existing different run aside and start anew.",
+                      flag_values=flag_values)
+    flags.DEFINE_bool("progress", True, "Show a progress bar.", flag_values=flag_values)
+    flags.DEFINE_enum("multihost", "auto", ["auto", "yes", "no"],
+                      "Join the other hosts with jax.distributed.initialize(): auto does on a "
+                      "TPU pod, with GATED_ATTENTION_MULTIHOST=1 or with JAX_COORDINATOR_ADDRESS "
+                      "set.", flag_values=flag_values)
+    flags.mark_flags_as_required(["config", "workdir"], flag_values=flag_values)
+    return flag_values
 
 
-def main(argv: list[str]) -> None:
+FLAGS = define_flags(flags.FLAGS)
+
+
+def main(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> None:
+    FLAGS = flag_values  # noqa: N806 - the parsed command line (absl's global one by default)
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from gated_attention import checkpoint, config_lib, distributed, interrupts, train, workdir_lock
     from gated_attention import workdir as workdir_lib
 
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
-    config = _load_config()
+    config = _load_config(FLAGS)
     try:
         config_lib.validate_run_config(config)
     except config_lib.ConfigError as err:
@@ -68,17 +78,20 @@ def main(argv: list[str]) -> None:
               f"perplexity {evaluation['perplexity']:.2f}. Run in {FLAGS.workdir}")
 
 
-def _load_config():
+def _load_config(FLAGS: flags.FlagValues):  # noqa: N803
     """FLAGS.config, with a config file that cannot be loaded as one line (absl loads it
     lazily, at the first access)."""
     try:
         config = FLAGS.config
         config.keys()
     except OSError as err:
-        reason = str(err).strip().splitlines()[-1].strip()
-        sys.exit(f"Config error: --config={FLAGS['config'].serialize().split('=', 1)[-1]} "
-                 f"cannot be loaded ({reason})")
+        sys.exit(_unloadable(FLAGS["config"].serialize().split("=", 1)[-1], err))
     return config
+
+
+def _unloadable(path: str, err: OSError) -> str:
+    reason = str(err).strip().splitlines()[-1].strip()
+    return f"Config error: --config={path} cannot be loaded ({reason})"
 
 
 def _last_exception_line(text: str) -> str:
@@ -91,10 +104,13 @@ def _last_exception_line(text: str) -> str:
     return " ".join(lines[-1:])
 
 
-def parse_flags(argv: list[str]) -> list[str]:
+def parse_flags(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> list[str]:
     """absl parsing, with config errors (unknown field, bad arch/variant) as one clear line."""
     try:
-        return FLAGS(argv)
+        return flag_values(argv)
+    except OSError as err:  # the config file is missing or unreadable
+        path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "?")
+        sys.exit(_unloadable(path, err))
     except flags.Error as err:
         text = str(err)
         if "Traceback (most recent call last)" in text:  # the config file itself raised

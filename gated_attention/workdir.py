@@ -64,8 +64,7 @@ def check(workdir: str | os.PathLike[str], config: Any, *, overwrite: bool = Fal
     root = paths.resolve(workdir)
     state, problem = _inspect(root, config_dict(config))
     if problem and not overwrite:
-        raise WorkdirError(f"{problem}\nUse another --workdir, or pass --overwrite to move "
-                           f"the old contents to {root.name}.backup-<timestamp>.")
+        raise WorkdirError(_refusal(root, problem))
     return "new" if problem else state
 
 
@@ -84,8 +83,7 @@ def prepare(workdir: str | os.PathLike[str], config: Any, *, overwrite: bool = F
     wanted = config_dict(config)
     state, problem = _inspect(root, wanted)
     if problem and not overwrite:
-        raise WorkdirError(f"{problem}\nUse another --workdir, or pass --overwrite to move "
-                           f"the old contents to {root.name}.backup-<timestamp>.")
+        raise WorkdirError(_refusal(root, problem))
     barrier("workdir checked")  # nobody writes before every process has looked
     if is_primary:
         if lock is not None and root.exists():
@@ -111,6 +109,14 @@ def prepare(workdir: str | os.PathLike[str], config: Any, *, overwrite: bool = F
                                json.dumps(wanted, indent=2, sort_keys=True) + "\n")
     barrier("workdir ready")
     return state
+
+
+def _refusal(root: epath.Path, problem: str) -> str:
+    hint = (f"use another --workdir, or pass --overwrite to move the old contents to "
+            f"{root.name}.backup-<timestamp>")
+    if "\n" in problem:  # a list of differences: the hint goes below it
+        return f"{problem}\n{hint[0].upper()}{hint[1:]}."
+    return f"{problem}; {hint}"
 
 
 def _take(lock: WorkdirLock) -> None:
