@@ -187,7 +187,9 @@ def check_labels(config: ml_collections.ConfigDict) -> None:
 
     The variant label is derived from config.attention (an axis override renames it, e.g.
     `g1_sdpa_elementwise+activation=silu`); a label set apart from the fields (an override
-    of config.variant or config.arch alone) is refused.
+    of config.variant alone) is refused. config.arch names the defaults the model section
+    started from; it is refused when the fields are exactly another architecture's (the
+    command line refuses any --config.arch override, see main.py).
     """
     label = variant_label(config)
     if config.variant not in (label.split("+")[0], label):
@@ -201,17 +203,13 @@ def check_labels(config: ml_collections.ConfigDict) -> None:
         except (AttributeError, TypeError, ValueError):
             pass  # a frozen config: checked above, left as it is
     _choice("arch", config.arch, ARCHS)
-    closest = max(ARCHS, key=lambda name: (_share_matching(config.model, ARCHS[name]),
-                                           name == config.arch))
-    if closest != config.arch:
+    same = [name for name, fields in ARCHS.items()
+            if all(config.model.get(k) == v for k, v in fields.items())]
+    if same and config.arch not in same:
         raise ConfigError(
-            f"config.arch={config.arch!r} disagrees with config.model, which is closest to the "
-            f"{closest!r} architecture; choose the arch in the config string "
-            "(configs/ablation.py:arch=NAME) or override config.model.<field>")
-
-
-def _share_matching(model: ml_collections.ConfigDict, arch: dict[str, Any]) -> float:
-    return sum(model.get(k) == v for k, v in arch.items()) / len(arch)
+            f"config.arch={config.arch!r} disagrees with config.model, which holds the "
+            f"{same[0]!r} architecture; choose the arch in the config string "
+            "(configs/ablation.py:arch=NAME) and override config.model.<field> for the rest")
 
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:

@@ -54,6 +54,12 @@ def main(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> None:
 
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
     config = _load_config(FLAGS)
+    overridden = next((a for a in sys.argv if a.startswith("--config.arch")), None)
+    if overridden:  # the model fields were filled from the config string's arch
+        sys.exit(f"Config error: {overridden} is refused: config.arch names the architecture "
+                 "the model fields came from; choose it in the config string "
+                 "(--config=configs/ablation.py:arch=NAME) and override config.model.<field> "
+                 "for the rest")
     try:
         config_lib.validate_run_config(config)
     except config_lib.ConfigError as err:

@@ -12,7 +12,7 @@ import sys
 import pytest
 from absl import flags
 
-from gated_attention import main, train, workdir
+from gated_attention import config_lib, main, train, workdir
 
 CONFIG = "--config=configs/ablation.py:arch=tiny,variant=g1_sdpa_elementwise"
 
@@ -105,7 +105,7 @@ CASES = [  # (id, extra flags, workdir set-up, the error line)
      r"^Config error: config.variant='baseline' disagrees with config.attention, which holds "
      r"'g1_sdpa_elementwise'"),
     ("arch_label_override", ["--config.arch=small"], None,
-     r"^Config error: config.arch='small' disagrees with config.model"),
+     r"^Config error: --config.arch=small is refused: config.arch names the architecture"),
     ("unknown_field", ["--config.train.stepz=3"], None, r"stepz"),
     ("negative_steps", ["--config.train.steps=-1"], None,
      r"^Config error: train.steps=-1 must be > 0$"),
@@ -156,3 +156,23 @@ def test_a_mistake_is_one_line_before_compiling_and_writes_nothing(tmp_path, mon
     if "different config" not in first and "Flag error" not in first and "steps" not in error:
         assert "\n" not in error, error  # one line
     assert tree(tmp_path / "notes" if setup is below_a_file else run_dir) == before
+
+
+def test_labels_follow_the_fields():
+    """An axis override renames the variant; a label set apart from the fields is refused."""
+    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config.attention.activation = "silu"
+    config_lib.validate_run_config(config)
+    assert config.variant == "g1_sdpa_elementwise+activation=silu"
+    config_lib.validate_run_config(config)  # a saved config.json validates again as it is
+    assert config.variant == "g1_sdpa_elementwise+activation=silu"
+    config = config_lib.base_config("tiny", "baseline")
+    config.variant = "g1_sdpa_elementwise"  # the label alone: the fields are the baseline's
+    with pytest.raises(config_lib.ConfigError, match=r"config.variant='g1_sdpa_elementwise' "
+                       r"disagrees with config.attention, which holds 'baseline'"):
+        config_lib.validate_run_config(config)
+    config = config_lib.base_config("tiny", "baseline")
+    config.arch = "small"
+    with pytest.raises(config_lib.ConfigError, match=r"config.arch='small' disagrees with "
+                       r"config.model, which holds the 'tiny' architecture"):
+        config_lib.validate_run_config(config)
