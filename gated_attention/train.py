@@ -457,10 +457,12 @@ class LoopResult:
 
 
 def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = True,
-               stop_after: int | None = None) -> LoopResult:
+               stop_after: int | None = None,
+               stop: interrupts.StopRequest | None = None) -> LoopResult:
     """Train from `start` to train.steps: steps, metrics, evals, checkpoints, signals.
 
     stop_after: leave the loop after that many steps, as if killed (tests use it).
+    stop: the signal catcher (default: one installed for the loop alone).
     """
     config, train_cfg = run.config, run.config.train
     step_fn = jit_train_step(make_train_step(run.spec.graphdef, config, run.tx), run.mesh,
@@ -485,41 +487,44 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
                    desc=f"{config.arch}/{config.variant}")
     end = train_cfg.steps if stop_after is None else min(train_cfg.steps, start + stop_after)
     done, stopped_by = start, None
+    own_stop = stop is None
+    stop = interrupts.StopRequest().install() if own_stop else stop
     try:
-        with interrupts.StopRequest() as stop:
-            for step in range(start, end):
-                batch = distributed.global_batch(next(run.inputs.train), run.data_sharding,
-                                                 train_cfg.batch_size)
-                state, step_metrics = step_fn(state, batch)
-                done = step + 1
-                metrics.add(done, step_metrics)
-                at_log = done % train_cfg.log_every == 0 or done == train_cfg.steps
-                at_checkpoint = done == train_cfg.steps or bool(
-                    train_cfg.checkpoint_every and done % train_cfg.checkpoint_every == 0)
-                stopping = stop.should_stop(done, sync_point=at_log or at_checkpoint)
-                if at_log or at_checkpoint or stopping:
-                    metrics.write()  # pending records go out with every checkpoint
-                    if bar is not None:
-                        bar.set_postfix(loss=f"{metrics.last['loss']:.3f}",
-                                        tok_s=f"{metrics.last['tokens_per_sec']:,.0f}")
+        for step in range(start, end):
+            batch = distributed.global_batch(next(run.inputs.train), run.data_sharding,
+                                             train_cfg.batch_size)
+            state, step_metrics = step_fn(state, batch)
+            done = step + 1
+            metrics.add(done, step_metrics)
+            at_log = done % train_cfg.log_every == 0 or done == train_cfg.steps
+            at_checkpoint = done == train_cfg.steps or bool(
+                train_cfg.checkpoint_every and done % train_cfg.checkpoint_every == 0)
+            stopping = stop.should_stop(done, sync_point=at_log or at_checkpoint)
+            if at_log or at_checkpoint or stopping:
+                metrics.write()  # pending records go out with every checkpoint
                 if bar is not None:
-                    bar.update(1)
-                if train_cfg.eval_every and eval_batches and (  # due even when stopping
-                        done % train_cfg.eval_every == 0 or done == train_cfg.steps):
-                    last_eval = {"step": done,
-                                 **evaluate(eval_fn, state["params"], eval_batches)}
-                    writer.write(done, {k: v for k, v in last_eval.items() if k != "step"},
-                                 kind="eval")
-                    if bar is not None:
-                        bar.write(f"step {done}: held-out loss {last_eval['loss']:.4f}, "
-                                  f"perplexity {last_eval['perplexity']:.2f}")
-                if at_checkpoint or stopping:
-                    run.ckpt.save(done, state, run.inputs.train)
-                    writer.flush()  # a bucket's metrics.jsonl is rewritten here, not every step
-                if stopping:
-                    stopped_by = stop.signal_name
-                    break
+                    bar.set_postfix(loss=f"{metrics.last['loss']:.3f}",
+                                    tok_s=f"{metrics.last['tokens_per_sec']:,.0f}")
+            if bar is not None:
+                bar.update(1)
+            if train_cfg.eval_every and eval_batches and (  # due even when stopping
+                    done % train_cfg.eval_every == 0 or done == train_cfg.steps):
+                last_eval = {"step": done,
+                             **evaluate(eval_fn, state["params"], eval_batches)}
+                writer.write(done, {k: v for k, v in last_eval.items() if k != "step"},
+                             kind="eval")
+                if bar is not None:
+                    bar.write(f"step {done}: held-out loss {last_eval['loss']:.4f}, "
+                              f"perplexity {last_eval['perplexity']:.2f}")
+            if at_checkpoint or stopping:
+                run.ckpt.save(done, state, run.inputs.train)
+                writer.flush()  # a bucket's metrics.jsonl is rewritten here, not every step
+            if stopping:
+                stopped_by = stop.signal_name
+                break
     finally:
+        if own_stop:
+            stop.uninstall()
         if bar is not None:
             bar.close()
         writer.close()
@@ -558,8 +563,10 @@ def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False
     """
     prepared = prepare(config, workdir, overwrite=overwrite, devices=devices)
     try:
-        state, start = restore_or_init(prepared)
-        result = train_loop(prepared, state, start, progress=progress, stop_after=stop_after)
+        with interrupts.StopRequest() as stop:  # a signal from here on stops after a step
+            state, start = restore_or_init(prepared)
+            result = train_loop(prepared, state, start, progress=progress,
+                                stop_after=stop_after, stop=stop)
     finally:
         prepared.close()
     if result.stopped_by is not None:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from test_train import mini_config
@@ -84,6 +83,9 @@ def test_kill_9_at_any_moment_then_resume_equals_an_uninterrupted_run(reference)
     for moment, worker, output in zip(moments, workers, outputs):
         if not moment.startswith("random"):
             assert worker.returncode == -signal.SIGKILL, f"{moment}: {output[-2000:]}"
+    # killed right after the save of step 8 returned: steps 7 and 8 (no log step) were
+    # written with that checkpoint, not left pending
+    assert max(r["step"] for r in read_jsonl(root / "killed_0" / "metrics.jsonl")) == 8
     final_eval_dir = root / "killed_1"
     assert max(r["step"] for r in read_jsonl(final_eval_dir / "metrics.jsonl")) == STEPS
     assert not (final_eval_dir / "summary.json").exists()
@@ -199,7 +201,8 @@ def test_checkpoints_verify_what_they_read_and_never_hold_non_finite_values(tmp_
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_mid_run_saves_that_step_then_resumes_exactly(reference, monkeypatch, signum):
-    """The signal arrives while step 6 is being prepared (no checkpoint is due there)."""
+    """The signal arrives while step 6 is being prepared (no checkpoint is due there). The
+    resumed run also meets a metrics line torn by a kill, which it drops with a warning."""
     root, config, reference_dir = reference
     run_dir = root / f"signal_{signum.name}"
     calls = []
@@ -219,7 +222,10 @@ def test_signal_mid_run_saves_that_step_then_resumes_exactly(reference, monkeypa
     assert sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir()) == [4, 6]
     assert max(r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")) == 6  # flushed
     monkeypatch.setattr(train.distributed, "global_batch", global_batch)
-    run(config, run_dir)
+    with open(run_dir / "metrics.jsonl", "a") as f:  # as if killed while writing step 7
+        f.write('{"step": 7, "kind": "tra')
+    with pytest.warns(UserWarning, match="dropped an unfinished last line"):
+        run(config, run_dir)
     assert_same_run(run_dir, reference_dir)
 
 
@@ -235,31 +241,9 @@ def test_a_second_ctrl_c_exits_at_once(monkeypatch):
 
 # ----------------------------------------------------------------------------- non-finite
 
-def test_a_diverging_run_stops_with_the_step_and_keeps_finite_checkpoints(reference):
-    root, _, _ = reference
-    config = fault_config(root, on_nonfinite="stop")
-    config.optimizer.update(dict(peak_lr=1e9, final_lr=0.0, warmup_steps=0))
-    run_dir = root / "diverged"
-    with pytest.raises(train.NonFiniteError, match=r"non-finite loss or gradients \(first in "
-                       r"the gradient of [a-z_.0-9]+\).*on_nonfinite='stop'") as err:
-        run(config, run_dir)
-    records = read_jsonl(run_dir / "metrics.jsonl")
-    assert str(err.value).startswith(f"step {records[-1]['step']}: ")
-    assert records[-1]["skipped"] == 1 and np.isnan(records[-1]["grad_norm"])
-    assert all(not r.get("skipped") for r in records[:-1])
-    text = (run_dir / "metrics.jsonl").read_text()
-    assert '"grad_norm": null' in text and "NaN" not in text and "Infinity" not in text
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in metrics"))
-    for step in sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir()):
-        assert all(np.isfinite(x).all() for x in params_of(run_dir, step))
-
-
-def test_skip_mode_drops_bad_updates_and_finishes_finite(reference, monkeypatch):
-    """A NaN loss on every batch whose first token is odd (a transient fault): those
-    updates are dropped, counted in the metrics, and the run ends with finite parameters."""
-    root, _, _ = reference
-    config = fault_config(root, on_nonfinite="skip", max_skipped=5, eval_every=0)
+def nan_on_odd_first_targets(monkeypatch):
+    """A NaN loss on every batch whose first target is odd: a transient fault that
+    depends on the data only (so both modes below share one compiled step)."""
     cross_entropy = train.losses.cross_entropy
 
     def sometimes_nan(logits, targets, mask, **kwargs):
@@ -267,12 +251,51 @@ def test_skip_mode_drops_bad_updates_and_finishes_finite(reference, monkeypatch)
         return loss * jnp.where(targets[0, 0] % 2 == 1, jnp.nan, 1.0), info
 
     monkeypatch.setattr(train.losses, "cross_entropy", sometimes_nan)
-    run(config, root / "skipping")
+
+
+def test_stop_mode_ends_at_the_first_bad_step_with_finite_checkpoints(reference, monkeypatch):
+    root, _, _ = reference
+    nan_on_odd_first_targets(monkeypatch)
+    run_dir = root / "diverged"
+    with pytest.raises(train.NonFiniteError, match=r"non-finite loss or gradients \(first in "
+                       r"the gradient of [a-z_.0-9]+\).*on_nonfinite='stop'") as err:
+        run(fault_config(root, on_nonfinite="stop", eval_every=0), run_dir)
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    assert str(err.value).startswith(f"step {records[-1]['step']}: ")
+    assert records[-1]["skipped"] == 1 and np.isnan(records[-1]["loss"])
+    assert all(not r.get("skipped") for r in records[:-1])
+    text = (run_dir / "metrics.jsonl").read_text()
+    assert '"loss": null' in text and "NaN" not in text  # strict JSON
+    for line in text.splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in metrics"))
+    steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir())
+    assert all(s < records[-1]["step"] for s in steps)  # nothing saved after the bad step
+    for step in steps:
+        assert all(np.isfinite(x).all() for x in params_of(run_dir, step))
+
+
+def test_skip_mode_drops_bad_updates_and_finishes_finite(reference, monkeypatch):
+    root, _, _ = reference
+    nan_on_odd_first_targets(monkeypatch)
+    run(fault_config(root, on_nonfinite="skip", max_skipped=5, eval_every=0), root / "skipping")
     records = [r for r in read_jsonl(root / "skipping" / "metrics.jsonl") if r["kind"] == "train"]
     skipped = [r["step"] for r in records if r.get("skipped")]
     assert 0 < len(skipped) < STEPS
     assert all(np.isnan(r["loss"]) for r in records if r.get("skipped"))
     assert all(np.isfinite(x).all() for x in params_of(root / "skipping"))
+
+
+def test_a_diverging_learning_rate_stops_after_max_skipped(reference):
+    """A learning rate of 1e9: every step after the first bad one is bad too (the parameters
+    are the problem), so skip mode stops after train.max_skipped of them in a row."""
+    root, _, _ = reference
+    config = fault_config(root, on_nonfinite="skip", max_skipped=2, eval_every=0)
+    config.optimizer.update(dict(peak_lr=1e9, final_lr=0.0, warmup_steps=0))
+    with pytest.raises(train.NonFiniteError, match=r"2 steps in a row were skipped "
+                       r"\(train.max_skipped=2\)"):
+        run(config, root / "lr_1e9")
+    records = read_jsonl(root / "lr_1e9" / "metrics.jsonl")
+    assert [r.get("skipped", 0) for r in records[-2:]] == [1, 1]
 
 
 # ----------------------------------------------------------------------------- workdir
@@ -312,25 +335,3 @@ def test_more_steps_extend_a_finished_run(reference, capsys):
                       )["train"]["steps"] == STEPS
     steps = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
     assert steps == list(range(1, STEPS + 3))
-
-
-def test_a_torn_last_metrics_line_is_dropped_with_a_warning(reference):
-    root, config, reference_dir = reference
-    run_dir = root / "torn"
-    run(config, run_dir, stop_after=5)  # "killed" after step 5 (its checkpoint: step 4)
-    with open(run_dir / "metrics.jsonl", "a") as f:
-        f.write('{"step": 6, "kind": "tra')
-    with pytest.warns(UserWarning, match="dropped an unfinished last line"):
-        run(config, run_dir)
-    assert_same_run(run_dir, reference_dir)
-
-
-def test_pending_metrics_are_written_with_every_checkpoint(reference):
-    """log_every=3 and checkpoints every 4: steps 4 and 8 are written when saved, so a run
-    killed right after a checkpoint has lost no metric."""
-    root, config, _ = reference
-    run_dir = root / "pending"
-    run(config, run_dir, stop_after=4)
-    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
-    config_again = ml_collections.ConfigDict(json.loads((run_dir / "config.json").read_text()))
-    assert workdir.check(run_dir, config_again) == "resume"
