@@ -104,13 +104,16 @@ def _loss_fn(graphdef: nnx.GraphDef, config: Any) -> Callable[..., Any]:
 
 
 def make_train_step(graphdef: nnx.GraphDef, config: Any,
-                    tx: optax.GradientTransformation | None = None
+                    tx: optax.GradientTransformation | None = None, *,
+                    guard_nonfinite: bool = True
                     ) -> Callable[[State, Mapping[str, jax.Array]], tuple[State, dict]]:
     """A pure `step(state, batch) -> (state, metrics)`: one optimizer update.
 
     A step whose loss or gradients are not all finite leaves params and optimizer state as
     they were (the step counter still advances); metrics["finite"] says so, and
     metrics["finite_groups"] holds one flag per parameter (in `parameter_names` order).
+    guard_nonfinite=False applies every update unchecked (benchmarks/fault_overhead.py
+    measures the guard's cost against it).
 
     With train.grad_accum = k the batch is cut into k micro-batches (rows i, i+k, ...: each
     micro-batch stays spread over every data shard) whose gradients are averaged in a scan.
@@ -141,17 +144,24 @@ def make_train_step(graphdef: nnx.GraphDef, config: Any,
         params = state["params"]
         (loss, info), grads = gradients(params, batch)
         # Non-finite loss or gradients: the update is dropped here, on the device; the host
-        # learns of it from `finite` when it next reads the metrics (no extra sync).
-        group_finite = jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)])
-        finite = jnp.isfinite(loss) & jnp.all(group_finite)
+        # learns of it from `finite` when it next reads the metrics (no extra sync). A
+        # gradient's sum of squares is non-finite iff the gradient is (or it overflows, a
+        # norm above ~1e19: no step to apply either), and the norm needs those sums anyway.
+        squares = [jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)]
+        group_finite = jnp.isfinite(jnp.stack(squares))
+        grad_norm = jnp.sqrt(sum(squares))
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
         def update(params, opt_state):
             updates, opt_state = tx.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state
 
-        new_params, opt_state = jax.lax.cond(finite, update, lambda p, o: (p, o), params,
-                                             state["opt_state"])
-        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
+        new_params, opt_state = update(params, state["opt_state"])
+        if guard_nonfinite:  # a select fused into the update's elementwise loops: no extra pass
+            keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+            new_params = jax.tree.map(keep, new_params, params)
+            opt_state = jax.tree.map(keep, opt_state, state["opt_state"])
+        metrics = {"loss": loss, "grad_norm": grad_norm,
                    "lr": schedule(state["step"]), **info,
                    "finite": finite, FINITE_GROUPS: group_finite}
         new_state = {"params": new_params, "opt_state": opt_state, "step": state["step"] + 1}

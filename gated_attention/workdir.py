@@ -158,6 +158,10 @@ def _inspect(root: epath.Path, wanted: dict[str, Any]) -> tuple[str, str]:
         return "new", f"{root} is not empty and holds no {CONFIG_FILE}: it is not a run of ours"
     saved = json.loads(saved_file.read_text())
     differences = config_differences(saved, wanted)
+    if not any(d.startswith("attention.") for d in differences):
+        # The label is derived from the attention fields; a run saved before labels were
+        # derived may name its variant without the "+field=value" of its overrides.
+        differences = [d for d in differences if not d.startswith("variant:")]
     if not differences:
         return "resume", ""
     a, b = _flatten(saved), _flatten(wanted)
