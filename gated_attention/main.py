@@ -78,6 +78,10 @@ def main(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> None:
     except interrupts.Interrupted as err:
         print(f"Stopped: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
+    except KeyboardInterrupt:  # before training began: there is no step to save yet
+        print("Stopped by Ctrl-C while preparing the run; no step was trained.",
+              file=sys.stderr)
+        sys.exit(interrupts.EXIT_CODES["SIGINT"])
     evaluation = summary.get("eval") or {}
     if evaluation:
         print(f"Done: step {summary['steps']}, held-out loss {evaluation['loss']:.4f}, "

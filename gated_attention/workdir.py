@@ -85,6 +85,13 @@ def prepare(workdir: str | os.PathLike[str], config: Any, *, overwrite: bool = F
     if problem and not overwrite:
         raise WorkdirError(_refusal(root, problem))
     barrier("workdir checked")  # nobody writes before every process has looked
+    if is_primary and state in ("resume", "extend"):
+        added = [d for d in config_differences(json.loads((root / CONFIG_FILE).read_text()),
+                                               wanted) if "'<absent>' -> " in d]
+        if added:
+            values = "; ".join(a.replace("'<absent>' -> ", "") for a in added)
+            print(f"{root}: fields new since this run started, with the values used from now "
+                  f"on: {values}")
     if is_primary:
         if lock is not None and root.exists():
             _take(lock)  # before a backup: never move a live run's files
@@ -157,7 +164,10 @@ def _inspect(root: epath.Path, wanted: dict[str, Any]) -> tuple[str, str]:
     if not saved_file.exists():
         return "new", f"{root} is not empty and holds no {CONFIG_FILE}: it is not a run of ours"
     saved = json.loads(saved_file.read_text())
-    differences = config_differences(saved, wanted)
+    # Fields the schema gained after this run started are not a change of the run: it goes
+    # on with their values (prepare says which).
+    differences = [d for d in config_differences(saved, wanted)
+                   if not d.split(": ", 1)[1].startswith("'<absent>' -> ")]
     if not any(d.startswith("attention.") for d in differences):
         # The label is derived from the attention fields; a run saved before labels were
         # derived may name its variant without the "+field=value" of its overrides.

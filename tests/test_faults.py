@@ -335,3 +335,18 @@ def test_more_steps_extend_a_finished_run(reference, capsys):
                       )["train"]["steps"] == STEPS
     steps = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
     assert steps == list(range(1, STEPS + 3))
+
+
+def test_a_run_saved_before_new_fields_resumes_with_their_values(tmp_path, capsys):
+    """config.json of an older version (no train.on_nonfinite / max_skipped) is the same
+    run; a field that differs is still a different run."""
+    config = fault_config(tmp_path)
+    saved = workdir.config_dict(config)
+    del saved["train"]["on_nonfinite"], saved["train"]["max_skipped"]
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "config.json").write_text(json.dumps(saved))
+    assert workdir.prepare(tmp_path / "old", config) == "resume"
+    assert "train.max_skipped: 10; train.on_nonfinite: 'stop'" in capsys.readouterr().out
+    config.train.z_loss = 1e-4
+    with pytest.raises(workdir.WorkdirError, match=r"train.z_loss: 0.0 -> 0.0001"):
+        workdir.prepare(tmp_path / "old", config)
