@@ -154,11 +154,15 @@ class Checkpointer:
         self.manager.wait_until_finished()
         for step in reversed(self.all_steps()):
             try:
-                return step, self.restore(step, target, data_iterator)
+                state, problem = self.restore(step, target, data_iterator), None
             except CheckpointError as err:
-                moved = self.move_aside(step)
-                log(f"Checkpoint {self.directory / str(step)} is unusable: {err}. "
-                    f"Moved it to {moved}; trying the one before.")
+                state, problem = None, err
+            if _on_every_host(problem is None):  # all hosts resume from the same step
+                return step, state
+            moved = self.move_aside(step)
+            log(f"Checkpoint {self.directory / str(step)} is unusable: "
+                f"{problem or 'another host could not use it'}. "
+                f"Moved it to {moved}; trying the one before.")
         return None
 
     def move_aside(self, step: int) -> Any:
@@ -183,6 +187,15 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def _on_every_host(ok: bool) -> bool:
+    """Whether `ok` holds on every process (one small all-gather when there are several)."""
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+
+    return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
 
 
 def _one_line(text: str, limit: int = 300) -> str:

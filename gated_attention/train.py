@@ -462,7 +462,7 @@ class LoopResult:
     state: State
     step: int                          # the last step trained
     train: dict[str, Any]              # the last train record
-    eval: dict[str, Any] | None        # the last held-out evaluation of this session
+    eval: dict[str, Any] | None        # the last held-out evaluation of this call
     stopped_by: str | None = None      # the signal that ended the loop early
 
 
