@@ -14,10 +14,13 @@ from typing import Any
 
 import ml_collections
 
+from gated_attention.accounting import count_params
+from gated_attention.analysis import stability
+from gated_attention.layers.rope import RopeScaling
 from gated_attention.model_config import ModelConfig
 from gated_attention.variants import VARIANTS, AttentionVariant, VariantError, get_variant
 
-# Shapes from SPEC.md / paper_tables.json; `tiny` trains in seconds on a CPU.
+# Shapes from the paper (docs/method.md); `tiny` trains in seconds on a CPU.
 ARCHS: dict[str, dict[str, Any]] = {
     "tiny": dict(vocab_size=1024, num_layers=4, d_model=128, num_heads=4, num_kv_heads=2,
                  head_dim=32, mlp_dim=384, tied_embeddings=True, qk_norm=True),
@@ -51,7 +54,8 @@ ARCH_RUN_DEFAULTS: dict[str, dict[str, Any]] = {
     "dense_1p7b_48l": dict(seq_len=4096, dtype="bfloat16"),
     "moe_15a2b": dict(seq_len=4096, dtype="bfloat16"),
 }
-_MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)} - {"variant", "block_sizes"}
+_MODEL_FIELDS = ({f.name for f in dataclasses.fields(ModelConfig)}
+                 - {"variant", "block_sizes", "rope_scaling"})
 _VARIANT_FIELDS = [f.name for f in dataclasses.fields(AttentionVariant)]
 
 
@@ -67,17 +71,21 @@ def _choice(field: str, value: Any, allowed: Any) -> None:
 
 def model_section(arch: str) -> ml_collections.ConfigDict:
     _choice("arch", arch, ARCHS)
-    fields = dict(
-        tied_embeddings=True, qk_norm=True, zero_centred_norm=False, rope_base=10_000.0,
-        norm_eps=1e-6, dtype=ARCH_RUN_DEFAULTS[arch]["dtype"], attention_impl="auto", remat="none",
-        num_experts=0, experts_per_token=0, expert_mlp_dim=0, moe_renormalize=True,
-        moe_capacity_factor=0.0, moe_impl="ragged",
+    # ModelConfig's own defaults (one default per field), then the arch's shapes.
+    fields = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+              if f.name in _MODEL_FIELDS and f.default is not dataclasses.MISSING}
+    fields.update(
+        dtype=ARCH_RUN_DEFAULTS[arch]["dtype"],
         # Table 2: narrow the FFN of a gated model so its parameter count matches the baseline.
         narrow_ffn_to_match_baseline=False,
+        # Biases on q/k/v and on o_proj (off in the paper; set by Hugging Face imports).
+        qkv_bias=False, o_proj_bias=False,
     )
     fields.update(ARCHS[arch])
     section = ml_collections.ConfigDict(fields)
     section.block_sizes = ml_collections.ConfigDict({"block_q": 0, "block_kv": 0})
+    # Context extension (layers/rope.py, docs/long_context.md): type none|linear|ntk|yarn.
+    section.rope_scaling = ml_collections.ConfigDict(RopeScaling().to_dict())
     return section
 
 
@@ -88,28 +96,39 @@ def attention_section(variant: str) -> ml_collections.ConfigDict:
         raise ConfigError(str(err)) from None
 
 
-DATA_SOURCES = ("cpython_docs", "python_source", "files", "seqio")
-TOKENIZERS = ("sentencepiece", "byte")
+DATA_SOURCES = ("cpython_docs", "python_source", "files", "seqio", "tfds", "array_record")
+TOKENIZERS = ("sentencepiece", "byte", "hf")
 SENTENCEPIECE_MODELS = ("unigram", "bpe")
 ON_NONFINITE = ("stop", "skip")
+PACKINGS = ("segments", "concat")  # see gated_attention/data/streams.py
 
 
 def data_section(arch: str) -> ml_collections.ConfigDict:
     """What the model reads. See gated_attention/data/__init__.py for each source."""
     return ml_collections.ConfigDict(dict(
         source="cpython_docs",      # one of DATA_SOURCES
-        tokenizer="sentencepiece",  # one of TOKENIZERS; "byte" needs model.vocab_size >= 259
+        tokenizer="sentencepiece",  # one of TOKENIZERS; "byte" needs model.vocab_size >= 259;
+                                    # "hf" reads data.tokenizer_path (a tokenizer.json)
         seq_len=ARCH_RUN_DEFAULTS[arch]["seq_len"],
         add_bos=False,              # a BOS token at the start of every packed segment
         add_eos=True,               # an EOS token at the end of every document
         eval_fraction=0.05,         # share of documents held out (local sources)
-        paths="",                   # source=files: comma-separated paths or globs (.txt/.jsonl)
-        text_key="text",            # source=files: the text field of .jsonl records
+        paths="",                   # source=files: comma-separated paths or globs (.txt/.jsonl);
+                                    # source=array_record: the folder of prepared shards
+        text_key="text",            # source=files: the text field of .jsonl records; tfds: the
+                                    # text feature
         seqio_task="",              # source=seqio: a registered task ("" = the C4 task)
         seqio_eval_split="validation",
-        tfds_data_dir="",           # source=seqio: a prepared tfds data_dir
+        tfds_data_dir="",           # source=seqio/tfds: a prepared tfds data_dir (local, gs://)
+        tfds_name="",               # source=tfds: e.g. "c4/en:3.1.0" (prepared, never downloaded)
+        tfds_train_split="train",   # source=tfds: split names (tfds slicing allowed)
+        tfds_eval_split="validation",
+        packing="segments",         # one of PACKINGS: "segments" = chunks packed with segment
+                                    # ids; "concat" = documents joined with EOS, no segment ids
+        max_epochs=4.0,             # refuse runs repeating the training split more often
         shuffle_seed=0,
-        tokenizer_path="",          # a SentencePiece .model to use instead of training one
+        tokenizer_path="",          # a SentencePiece .model to use instead of training one,
+                                    # or (tokenizer=hf) a Hugging Face tokenizer.json
         sp_model_type="bpe",        # SentencePiece training (one of SENTENCEPIECE_MODELS);
                                     # bpe trains in ~2 s on the docs corpus, unigram in ~20 s
         sp_input_sentence_size=100_000,  # sentences sampled to train SentencePiece
@@ -125,7 +144,10 @@ def train_section() -> ml_collections.ConfigDict:
         z_loss=0.0, moe_aux_weight=0.01, moe_z_loss_weight=0.001,
         # A step's loss is a spike if it exceeds spike_factor x EMA(spike_ema) of the losses
         # before it, after warm-up (see metrics_writer.SpikeDetector).
-        spike_factor=1.5, spike_ema=0.9,
+        spike_factor=stability.SPIKE_FACTOR, spike_ema=stability.EMA_DECAY,
+        # A run workdir whose latest checkpoint's parameters start this run (fresh optimizer,
+        # step 0), e.g. one written by `python -m gated_attention.convert from_hf`.
+        init_from="",
         # A step with a non-finite loss or gradient is never applied; then "stop" ends the
         # run (non-zero exit), "skip" goes on and stops after max_skipped such steps in a row.
         on_nonfinite="stop", max_skipped=10,
@@ -216,13 +238,12 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     """The frozen ModelConfig for a run config, validated (raises ConfigError, never compiles)."""
     _choice("arch", config.arch, ARCHS)
     variant = variant_from_config(config)
-    from gated_attention.ops import IMPLS
-
-    _choice("model.attention_impl", config.model.attention_impl, IMPLS)
     fields = {k: config.model[k] for k in _MODEL_FIELDS if k in config.model}
     block_sizes = tuple((k, int(v)) for k, v in config.model.block_sizes.items() if v)
     try:
-        cfg = ModelConfig(variant=variant, block_sizes=block_sizes, **fields)
+        rope_scaling = rope_scaling_from_config(config.model.get("rope_scaling"))
+        cfg = ModelConfig(variant=variant, block_sizes=block_sizes, rope_scaling=rope_scaling,
+                          **fields)
     except (ValueError, VariantError) as err:
         raise ConfigError(str(err)) from None
     if config.model.get("narrow_ffn_to_match_baseline", False):
@@ -230,10 +251,20 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     return cfg
 
 
+def rope_scaling_from_config(section: ml_collections.ConfigDict | None) -> RopeScaling:
+    """`config.model.rope_scaling` as a validated RopeScaling (absent in older run configs)."""
+    if section is None:
+        return RopeScaling()
+    allowed = [f.name for f in dataclasses.fields(RopeScaling)]
+    unknown = set(section.keys()) - set(allowed)
+    if unknown:
+        raise ConfigError(f"model.rope_scaling.{sorted(unknown)[0]} is not a field; allowed: "
+                          f"{', '.join(allowed)}")
+    return RopeScaling(**dict(section))
+
+
 def narrow_ffn_to_match_baseline(cfg: ModelConfig) -> ModelConfig:
     """Shrink mlp_dim so the gated model has (about) the baseline's parameters, as in Table 2."""
-    from gated_attention.inspect import count_params
-
     baseline = cfg.replace(variant=VARIANTS["baseline"])
     extra = count_params(cfg) - count_params(baseline)
     per_unit = 3 * cfg.d_model * cfg.num_layers  # one FFN column in every layer
@@ -260,6 +291,18 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def check_epochs(config: ml_collections.ConfigDict, data_summary: dict[str, Any]
+                 ) -> float | None:
+    """The epoch guard (data.max_epochs), once the training split's size is known from the
+    data summary and before compiling; returns the epochs asked (data/epochs.py)."""
+    from gated_attention.data import epochs
+
+    try:
+        return epochs.check(config, data_summary)
+    except epochs.EpochBudgetError as err:
+        raise ConfigError(str(err)) from None
+
+
 def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
     """Check every data/train/optimizer field (and the model via model_config) before compiling.
 
@@ -275,6 +318,10 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
     _check(data.seq_len >= 2, f"data.seq_len={data.seq_len} must be >= 2")
     _check(0.0 < data.eval_fraction < 1.0,
            f"data.eval_fraction={data.eval_fraction} must be in (0, 1)")
+    _choice("data.packing", data.packing, PACKINGS)
+    _check(data.packing != "concat" or data.add_eos, "data.packing='concat' joins documents "
+           "with EOS: it needs data.add_eos=True")
+    _check(data.max_epochs > 0, f"data.max_epochs={data.max_epochs} must be > 0")
     _check(data.sp_input_sentence_size > 0,
            f"data.sp_input_sentence_size={data.sp_input_sentence_size} must be > 0")
     if data.tokenizer == "byte":
@@ -283,6 +330,17 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
         _check(cfg.vocab_size >= BYTE_VOCAB_SIZE,
                f"data.tokenizer='byte' needs model.vocab_size >= {BYTE_VOCAB_SIZE} (256 bytes "
                f"+ pad, bos, eos); got {cfg.vocab_size}")
+    elif data.tokenizer == "hf" and not (data.source == "array_record"
+                                         and not data.tokenizer_path):  # the shards' own
+        _check(bool(data.tokenizer_path), "data.tokenizer='hf' needs data.tokenizer_path (a "
+               "tokenizer.json file)")
+        from gated_attention.data import hf_tokenizer
+
+        try:  # reads the file once: the vocab check comes before any compile or write
+            hf_tokenizer.check_vocab(hf_tokenizer.HFTokenizer(data.tokenizer_path),
+                                     cfg.vocab_size)
+        except hf_tokenizer.HFTokenizerError as err:
+            raise ConfigError(str(err)) from None
     elif data.source != "seqio":
         _check(cfg.vocab_size >= 64, f"model.vocab_size={cfg.vocab_size} must be >= 64 for a "
                "SentencePiece tokenizer")
@@ -297,8 +355,8 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
         from gated_attention.paths import resolve
 
         _check(resolve(data.tokenizer_path).exists(),
-               f"data.tokenizer_path={data.tokenizer_path!r} does not exist (a SentencePiece "
-               ".model file; leave it empty to train one)")
+               f"data.tokenizer_path={data.tokenizer_path!r} does not exist (a tokenizer file: "
+               "SentencePiece .model or tokenizer.json; leave it empty to train one)")
     if data.source == "files":
         import glob
 
@@ -307,10 +365,18 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
                    f"data.paths: {part!r} matches no file (comma-separated paths or globs of "
                    ".txt / .jsonl files)")
     if data.source == "seqio":
-        _check(bool(data.tokenizer_path), "data.source='seqio' needs data.tokenizer_path (a "
-               "SentencePiece .model file with model.vocab_size pieces)")
+        _check(bool(data.tokenizer_path or data.seqio_task), "data.source='seqio' needs "
+               "data.tokenizer_path (a SentencePiece .model file with model.vocab_size pieces) "
+               "or data.seqio_task (a registered task, which brings its vocabulary)")
         _check(data.tokenizer == "sentencepiece", "data.source='seqio' reads a SentencePiece "
                f"vocabulary; data.tokenizer must be 'sentencepiece', not {data.tokenizer!r}")
+    if data.source in ("tfds", "array_record", "seqio"):
+        from gated_attention.data import sources
+
+        try:  # the dataset, shards or task exist, and the shards match the tokenizer
+            sources.check(config)
+        except ValueError as err:
+            raise ConfigError(str(err).strip().splitlines()[0]) from None
 
     _check(train.steps > 0, f"train.steps={train.steps} must be > 0")
     _check(train.batch_size > 0, f"train.batch_size={train.batch_size} must be > 0")
@@ -325,6 +391,10 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
            f"train.keep_checkpoints={train.keep_checkpoints} must be >= 1")
     for name in ("z_loss", "moe_aux_weight", "moe_z_loss_weight"):
         _check(train[name] >= 0, f"train.{name}={train[name]} must be >= 0")
+    if train.get("init_from"):  # the other run's parameters must fit this model
+        from gated_attention.convert import check_init_from
+
+        check_init_from(config)
     _check(train.spike_factor > 1.0, f"train.spike_factor={train.spike_factor} must be > 1")
     _check(0.0 <= train.spike_ema < 1.0, f"train.spike_ema={train.spike_ema} must be in [0, 1)")
     _choice("train.on_nonfinite", train.get("on_nonfinite", "stop"), ON_NONFINITE)

@@ -38,11 +38,15 @@ def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
                       "Join the other hosts with jax.distributed.initialize(): auto does on a "
                       "TPU pod, with GATED_ATTENTION_MULTIHOST=1 or with JAX_COORDINATOR_ADDRESS "
                       "set.", flag_values=flag_values)
+    flags.DEFINE_string("seqio_module", "", "Module(s) to import first (comma-separated), e.g. "
+                        "one registering the seqio task named by --config.data.seqio_task.",
+                        flag_values=flag_values)
     flags.mark_flags_as_required(["config", "workdir"], flag_values=flag_values)
     return flag_values
 
 
-FLAGS = define_flags(flags.FLAGS)
+FLAGS = flags.FLAGS  # the command's flags are defined on it when run as a program (below), so
+# importing this module defines no global flag that another command's could collide with
 
 
 def main(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> None:
@@ -61,8 +65,11 @@ def main(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> None:
                  "(--config=configs/ablation.py:arch=NAME) and override config.model.<field> "
                  "for the rest")
     try:
+        from gated_attention.data.inputs import import_modules
+
+        import_modules(FLAGS.seqio_module)  # registers the user's seqio tasks
         config_lib.validate_run_config(config)
-    except config_lib.ConfigError as err:
+    except (config_lib.ConfigError, ImportError) as err:
         sys.exit(f"Config error: {err}")
     distributed.initialize({"auto": None, "yes": True, "no": False}[FLAGS.multihost])
     try:
@@ -132,4 +139,5 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> list[
 
 
 if __name__ == "__main__":
+    define_flags(FLAGS)
     app.run(main, flags_parser=parse_flags)

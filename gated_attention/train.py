@@ -300,6 +300,7 @@ def _load_inputs(config: Any, target: Any, shard_index: int, shard_count: int) -
             f"data.seq_len={seq_len} is longer than the whole held-out split ({held_out} "
             "tokens): lower data.seq_len, raise data.eval_fraction, or set "
             "train.eval_batches=0")
+    data_lib.check_epochs(config, inputs)  # before compiling: data.max_epochs
     return inputs
 
 
@@ -377,9 +378,13 @@ def restore_or_init(run: PreparedRun, *, log: Callable[[str], None] = print
     run.inputs.train.set_state(start_position)
     if had_checkpoints:
         log(f"No usable checkpoint left in {run.workdir}: training again from step 0.")
-    # Parameters from another run (a fresh optimizer) would be loaded here instead of init.
     with jax.set_mesh(run.mesh):
-        return run.spec.init(), 0
+        state = run.spec.init()
+    if run.config.train.get("init_from"):  # another run's weights, e.g. a Hugging Face import
+        from gated_attention.convert import restore_params
+
+        state["params"] = restore_params(run.config.train.init_from, target["params"])
+    return state, 0
 
 
 class _PendingMetrics:

@@ -129,6 +129,9 @@ CASES = [  # (id, extra flags, workdir set-up, the error line)
     ("seq_len_over_held_out", ["--config.data.seq_len=8192", "--config.train.batch_size=1",
                                "--config.mesh.data=1", "--config.mesh.tensor=8"], None,
      r"^Config error: data.seq_len=8192 is longer than the whole held-out split \(\d+ tokens\)"),
+    ("too_many_epochs", ["--config.train.steps=100000"], None,
+     r"^Config error: train.steps=100000 x train.batch_size=8 x data.seq_len=32 = .* epochs of "
+     r"the training split .* more than data.max_epochs="),
     ("held_out_under_one_batch", ["--config.data.seq_len=4096"], None,
      r"^Config error: data: the held-out split has too few tokens \(\d+\) for one batch of 8 x "
      r"4096; raise data.eval_fraction or lower train.batch_size$"),
