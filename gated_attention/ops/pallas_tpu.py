@@ -280,7 +280,7 @@ def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
         in_specs.append(col)
         args.append(fc.pad_axis(jnp.swapaxes(gate, 1, 2), 2, S)[..., None])
     if p.normalizer == "learned_sink":
-        in_specs.append(pl.BlockSpec(memory_space=pltpu.SMEM))
+        in_specs.append(pl.BlockSpec((h,), lambda *_: (_0,), memory_space=pltpu.SMEM))
         args.append(sink.astype(jnp.float32))
 
     out_shape = [jax.ShapeDtypeStruct((b, h, S, D), q.dtype)]
