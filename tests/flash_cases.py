@@ -81,7 +81,8 @@ def _value_and_grads(attention_fn, case: Case, inputs: dict, kwargs: dict):
                            sink_logits=args["sink"], segment_ids=inputs["segment_ids"],
                            gate_activation=case.activation, causal=case.causal,
                            normalizer=case.normalizer, **kwargs)
-        return jnp.sum(out.astype(jnp.float64) * inputs["probe"]), out
+        probe = inputs["probe"]
+        return jnp.sum(out.astype(probe.dtype) * probe), out
 
     diff = {n: inputs[n] for n in names}
     if not case.grads:
@@ -90,12 +91,21 @@ def _value_and_grads(attention_fn, case: Case, inputs: dict, kwargs: dict):
     return out, grads
 
 
-def errors(attention_fn, case: Case, seed: int = 0, **kwargs) -> dict[str, float]:
-    """Relative max errors of the output and every gradient vs the float64 reference."""
+def errors(attention_fn, case: Case, seed: int = 0, x64: bool = True,
+           **kwargs) -> dict[str, float]:
+    """Relative max errors of the output and every gradient vs the float64 reference.
+
+    x64=False traces and runs the kernel with jax_enable_x64 off (jax's splash kernel does not
+    trace under it); the reference always runs in float64.
+    """
     inputs = make_inputs(case, seed)
-    compiled = jax.jit(lambda x: _value_and_grads(attention_fn, case, x, kwargs)).lower(
-        inputs).compile(compiler_options=FAST_COMPILE)
-    out, grads = compiled(inputs)
+    with jax.enable_x64(x64):
+        kernel_inputs = inputs if x64 else jax.tree.map(
+            lambda x: x if x is None or x.dtype != jnp.float64 else x.astype(jnp.float32),
+            inputs)
+        compiled = jax.jit(lambda x: _value_and_grads(attention_fn, case, x, kwargs)).lower(
+            kernel_inputs).compile(compiler_options=FAST_COMPILE)
+        out, grads = compiled(kernel_inputs)
     as64 = {n: (v if v is None or n in ("segment_ids", "probe") else v.astype(jnp.float64))
             for n, v in inputs.items()}
     ref_out, ref_grads = _value_and_grads(reference.attention, case, as64, {})
@@ -113,9 +123,9 @@ def _rel(x: jax.Array, ref: jax.Array) -> float:
 # ----------------------------------------------------------------------------- one per backend
 
 
-def check_case(attention_fn, case: Case) -> None:
+def check_case(attention_fn, case: Case, x64: bool = True) -> None:
     """Output and gradients within the case's tolerance of the float64 reference."""
-    errs = errors(attention_fn, case,
+    errs = errors(attention_fn, case, x64=x64,
                   block_sizes=dict(block_q=case.block_q, block_kv=case.block_kv))
     assert set(errs) >= {"out", "dq", "dk", "dv"} or not case.grads
     bad = {name: err for name, err in errs.items() if not err <= case.tol}
@@ -222,6 +232,7 @@ def tpu_compiled_text(topology: str, *, impl: str = "pallas_tpu", normalizer: st
         return jax.grad(lambda d: loss({**args, **d}))(
             {n: args[n] for n in differentiable if args[n] is not None})
 
-    with ops.compiling_for("tpu"), jax.set_mesh(mesh):
+    # jax's splash kernel does not trace with jax_enable_x64 on (the tests' default)
+    with ops.compiling_for("tpu"), jax.set_mesh(mesh), jax.enable_x64(impl != "splash"):
         compiled = jax.jit(step).lower(args).compile()
     return compiled.as_text()
