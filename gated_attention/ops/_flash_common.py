@@ -329,7 +329,7 @@ def sink_gradient(sink: jax.Array, lse: jax.Array, delta: jax.Array, seq: int) -
 
 
 def attention_flops(batch: int, seq: int, heads: int, head_dim: int, causal: bool) -> float:
-    """QK^T and PV FLOPs of the forward, halved when causal (the anchors' convention)."""
+    """QK^T and PV FLOPs of the forward, halved when causal (flash-attention benchmarks' way)."""
     flops = 4.0 * batch * heads * seq * seq * head_dim
     return flops / 2 if causal else flops
 
