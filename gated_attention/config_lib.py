@@ -9,6 +9,7 @@ ConfigDict into the frozen ModelConfig the layers read, validating every field f
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import ml_collections
@@ -98,6 +99,7 @@ def attention_section(variant: str) -> ml_collections.ConfigDict:
 DATA_SOURCES = ("cpython_docs", "python_source", "files", "seqio", "tfds", "array_record")
 TOKENIZERS = ("sentencepiece", "byte", "hf")
 SENTENCEPIECE_MODELS = ("unigram", "bpe")
+ON_NONFINITE = ("stop", "skip")
 PACKINGS = ("segments", "concat")  # see gated_attention/data/streams.py
 
 
@@ -148,6 +150,9 @@ def train_section() -> ml_collections.ConfigDict:
         # shorter run, or one written by `python -m gated_attention.convert from_hf`;
         # init_from_step 0 = its latest checkpoint.
         init_from="", init_from_step=0,
+        # A step with a non-finite loss or gradient is never applied; then "stop" ends the
+        # run (non-zero exit), "skip" goes on and stops after max_skipped such steps in a row.
+        on_nonfinite="stop", max_skipped=10,
     ))
 
 
@@ -188,6 +193,47 @@ def variant_from_config(config: ml_collections.ConfigDict) -> AttentionVariant:
         return AttentionVariant(**fields)
     except VariantError as err:
         raise ConfigError(f"attention: {err}") from None
+
+
+def variant_label(config: ml_collections.ConfigDict) -> str:
+    """The variant's name as the fields say: the paper variant `config.attention` was copied
+    from (attention.name), then "+field=value" for each axis set apart from it."""
+    variant = variant_from_config(config)
+    base = variant.name.split("+")[0]
+    reference = VARIANTS.get(base, AttentionVariant(name=base))
+    changed = [f"{k}={getattr(variant, k)}" for k in _VARIANT_FIELDS
+               if k != "name" and getattr(variant, k) != getattr(reference, k)]
+    return "+".join([base, *changed])
+
+
+def check_labels(config: ml_collections.ConfigDict) -> None:
+    """`config.variant` and `config.arch` name what the fields hold, so they cannot disagree.
+
+    The variant label is derived from config.attention (an axis override renames it, e.g.
+    `g1_sdpa_elementwise+activation=silu`); a label set apart from the fields (an override
+    of config.variant alone) is refused. config.arch names the defaults the model section
+    started from; it is refused when the fields are exactly another architecture's (the
+    command line refuses any --config.arch override, see main.py).
+    """
+    label = variant_label(config)
+    if config.variant not in (label.split("+")[0], label):
+        raise ConfigError(
+            f"config.variant={config.variant!r} disagrees with config.attention, which holds "
+            f"{label!r}; the label follows the fields: choose the variant in the config string "
+            "(configs/ablation.py:variant=NAME) or override config.attention.<field>")
+    if config.variant != label:
+        try:
+            config.variant = label
+        except (AttributeError, TypeError, ValueError):
+            pass  # a frozen config: checked above, left as it is
+    _choice("arch", config.arch, ARCHS)
+    same = [name for name, fields in ARCHS.items()
+            if all(config.model.get(k) == v for k, v in fields.items())]
+    if same and config.arch not in same:
+        raise ConfigError(
+            f"config.arch={config.arch!r} disagrees with config.model, which holds the "
+            f"{same[0]!r} architecture; choose the arch in the config string "
+            "(configs/ablation.py:arch=NAME) and override config.model.<field> for the rest")
 
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
@@ -306,7 +352,9 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
     """Check every data/train/optimizer field (and the model via model_config) before compiling.
 
     Returns the ModelConfig; raises ConfigError naming the field and its allowed values.
+    The variant label is brought in line with the fields first (check_labels).
     """
+    check_labels(config)
     cfg = model_config(config)
     data, train, opt = config.data, config.train, config.optimizer
     _choice("data.source", data.source, DATA_SOURCES)
@@ -348,6 +396,19 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
 
     _check(is_local(data.cache_dir), f"data.cache_dir={data.cache_dir!r} must be a local folder "
            "(each host's own cache); the workdir and data.paths may be in a bucket")
+    if data.tokenizer_path:
+        from gated_attention.paths import resolve
+
+        _check(resolve(data.tokenizer_path).exists(),
+               f"data.tokenizer_path={data.tokenizer_path!r} does not exist (a tokenizer file: "
+               "SentencePiece .model or tokenizer.json; leave it empty to train one)")
+    if data.source == "files":
+        import glob
+
+        for part in filter(None, (p.strip() for p in data.paths.split(","))):
+            _check(not is_local(part) or bool(glob.glob(os.path.expanduser(part))),
+                   f"data.paths: {part!r} matches no file (comma-separated paths or globs of "
+                   ".txt / .jsonl files)")
     if data.source == "seqio":
         _check(bool(data.tokenizer_path or data.seqio_task), "data.source='seqio' needs "
                "data.tokenizer_path (a SentencePiece .model file with model.vocab_size pieces) "
@@ -379,6 +440,9 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
         check_init_from(config, cfg)
     _check(train.spike_factor > 1.0, f"train.spike_factor={train.spike_factor} must be > 1")
     _check(0.0 <= train.spike_ema < 1.0, f"train.spike_ema={train.spike_ema} must be in [0, 1)")
+    _choice("train.on_nonfinite", train.get("on_nonfinite", "stop"), ON_NONFINITE)
+    _check(train.get("max_skipped", 1) >= 1,
+           f"train.max_skipped={train.get('max_skipped')} must be >= 1")
 
     _check(opt.peak_lr > 0, f"optimizer.peak_lr={opt.peak_lr} must be > 0")
     _check(0 <= opt.final_lr <= opt.peak_lr,

@@ -282,39 +282,3 @@ def constrain(x: jax.Array, logical_names: Sequence[str | None]) -> jax.Array:
     spec = fit_spec(logical_to_spec(logical_names, active_rules()), x.shape,
                     dict(mesh.shape))
     return jax.lax.with_sharding_constraint(x, spec)
-
-
-def shard_map_attention(kernel: Any, q: jax.Array, k: jax.Array, v: jax.Array,
-                        optional: Mapping[str, jax.Array | None]) -> jax.Array:
-    """Run an attention kernel per device under `shard_map` when traced under a mesh.
-
-    A Pallas call is not partitioned by XLA: without this every device would gather q/k/v and
-    run the whole kernel. Batch is split as the "batch" rule says and heads as "heads"; heads
-    stay whole when the kv heads cannot be split the same way (GQA groups must stay local).
-    `optional` holds gate [b,s,h(,d)], segment_ids [b,s] and sink_logits [h], or None.
-    `kernel(q, k, v, **optional)` is called on the local blocks.
-    """
-    mesh = jax.sharding.get_abstract_mesh()
-    traced = isinstance(q, jax.core.Tracer)
-    if mesh.empty or not traced or jax.sharding.AxisType.Manual in mesh.axis_types:
-        return kernel(q, k, v, **optional)
-    rules = active_rules()
-    sizes = dict(mesh.shape)
-    batch_axes = fit_spec(logical_to_spec(("batch",), rules), q.shape[:1], sizes)[0]
-    heads_axes = fit_spec(logical_to_spec(("heads",), rules), q.shape[2:3], sizes)[0]
-    kv_axes = fit_spec(logical_to_spec(("heads",), rules), k.shape[2:3], sizes)[0]
-    if heads_axes != kv_axes:
-        heads_axes = None
-    qkv_spec = PartitionSpec(batch_axes, None, heads_axes, None)
-    specs = {"gate": PartitionSpec(batch_axes, None, heads_axes),  # trailing head_dim whole
-             "segment_ids": PartitionSpec(batch_axes, None),
-             "sink_logits": PartitionSpec(heads_axes)}
-    present = {name: x for name, x in optional.items() if x is not None}
-    absent = {name: None for name, x in optional.items() if x is None}
-
-    def local(q, k, v, present):
-        return kernel(q, k, v, **present, **absent)
-
-    in_specs = (qkv_spec, qkv_spec, qkv_spec, {n: specs[n] for n in present})
-    return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=qkv_spec,
-                         check_vma=False)(q, k, v, present)

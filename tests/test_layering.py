@@ -60,14 +60,7 @@ FLOORS: dict[str, int] = {
 FLOOR_NAMES = ("ops", "sharding", "layers", "model", "train", "CLIs")
 
 # (importer, imported) -> why the arrow is tolerated. Keep this short.
-EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("gated_attention.ops", "gated_attention.sharding"):
-        "ops.attention runs a Pallas kernel per device through sharding.shard_map_attention; "
-        "delete this entry once that helper lives in ops/",
-    ("gated_attention.data.seqio_source", "gated_attention.data"):
-        "the data package's face imports seqio_source lazily (optional extra) and seqio_source "
-        "takes the face's Inputs back; delete this entry once Inputs lives in a submodule",
-}
+EXCEPTIONS: dict[tuple[str, str], str] = {}
 # Third-party packages the kernels' floor must not import.
 OPS_FORBIDDEN = ("flax", "ml_collections", "absl")
 

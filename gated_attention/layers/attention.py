@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gated_attention import ops
+from gated_attention import ops, sharding
 from gated_attention.layers.gates import Gate
 from gated_attention.layers.kv_cache import KVCache
 from gated_attention.layers.norms import RMSNorm, rms_normalize
@@ -25,6 +25,12 @@ from gated_attention.model_config import ModelConfig
 from gated_attention.ops import reference
 
 GATE_TARGETS = {"sdpa": "heads", "query": "heads", "key": "kv_heads", "value": "kv_heads"}
+
+
+def _mesh_axes() -> dict:
+    """Mesh axes that split the batch and the heads (for kernels run per device)."""
+    rules = sharding.active_rules()
+    return {name: sharding.logical_to_spec((name,), rules)[0] for name in ("batch", "heads")}
 
 
 class Attention(nnx.Module):
@@ -103,7 +109,7 @@ class Attention(nnx.Module):
             gate_activation=variant.activation,
             segment_ids=segment_ids, causal=True, normalizer=variant.normalizer,
             sink_logits=sink, impl=cfg.attention_impl,
-            block_sizes=dict(cfg.block_sizes) or None,
+            block_sizes=dict(cfg.block_sizes) or None, mesh_axes=_mesh_axes(),
         )
         if not fuse_gate:
             if "sdpa_before_gate" in capture:
