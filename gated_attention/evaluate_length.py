@@ -133,9 +133,12 @@ def evaluate(workdir: str | os.PathLike[str], lengths: Sequence[int], *,
     _check_arguments(workdir, lengths, scalings, tasks, examples, ppl_rows, batch_size, block)
     model, config = train.load_params(workdir, step=step)
     step = step or _latest_step(workdir)
-    if config.data.source == "seqio":
-        raise ValueError("evaluate_length reads the held-out split of a local data source; "
-                         f"data.source={config.data.source!r} is not supported yet")
+    from gated_attention.data import LOCAL_SOURCES
+
+    if config.data.source not in LOCAL_SOURCES:
+        raise ValueError("evaluate_length reads the held-out split of a local data source "
+                         f"({', '.join(LOCAL_SOURCES)}); data.source={config.data.source!r} "
+                         "is not supported yet")
     params = nnx.state(model, nnx.Param)
     train_length = int(config.data.seq_len)
     factor = yarn_factor or max(1.0, max(lengths) / train_length)
