@@ -192,15 +192,18 @@ def _records(workdir: epath.Path) -> list[dict[str, Any]]:
     return read_metrics(path) if path.exists() else []
 
 
-flags.DEFINE_string("workdir", None, "A training run's directory.")
-flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
-flags.DEFINE_integer("batches", 8, "Held-out batches to measure on.")
-flags.DEFINE_integer("batch_size", 8, "Rows per held-out batch.")
-flags.DEFINE_string("prompt", DEFAULT_PROMPT, "Prompt for the attention maps.")
-flags.DEFINE_list("layers", None, "Layers whose attention maps to draw (default first, "
-                  "middle, last).")
-flags.DEFINE_float("sink_threshold", 0.3, "Sink rate threshold on mean attention to token 0.")
-flags.DEFINE_bool("include_first_query", False, "Count query 0 (it only sees itself) in F-Attn.")
+def _define_flags() -> None:
+    """Flags only when run as a program: modules that import this one define their own."""
+    flags.DEFINE_string("workdir", None, "A training run's directory.")
+    flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+    flags.DEFINE_integer("batches", 8, "Held-out batches to measure on.")
+    flags.DEFINE_integer("batch_size", 8, "Rows per held-out batch.")
+    flags.DEFINE_string("prompt", DEFAULT_PROMPT, "Prompt for the attention maps.")
+    flags.DEFINE_list("layers", None,
+                      "Layers whose attention maps to draw (default first, middle, last).")
+    flags.DEFINE_float("sink_threshold", 0.3, "Sink rate threshold on mean attention to token 0.")
+    flags.DEFINE_bool("include_first_query", False,
+                      "Count query 0 (it only sees itself) in F-Attn.")
 
 
 def main(argv: list[str]) -> None:
@@ -229,5 +232,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    _define_flags()
     flags.mark_flags_as_required(["workdir"])
     app.run(main)

@@ -246,17 +246,19 @@ def _write(workdir: Any, result: dict[str, Any]) -> None:
     paths.write_atomic(out / RESULT_FILE, json.dumps(result, indent=2) + "\n")
 
 
-flags.DEFINE_string("workdir", None, "A training run's directory.")
-flags.DEFINE_list("lengths", None, "Total lengths to evaluate at, e.g. 256,512,1024.")
-flags.DEFINE_list("scalings", ["none", "yarn"], f"RoPE scalings to compare: {SCALINGS}.")
-flags.DEFINE_float("yarn_factor", 0.0, "Scaling factor (0 = longest length / training length).")
-flags.DEFINE_list("tasks", list(retrieval_tasks.TASKS), "Retrieval tasks (empty: none).")
-flags.DEFINE_integer("examples", 8, "Examples per task and length.")
-flags.DEFINE_integer("ppl_rows", 4, "Held-out rows per length for perplexity.")
-flags.DEFINE_integer("batch_size", 1, "Rows per forward pass.")
-flags.DEFINE_integer("block", 512, "Query / key block of the chunked attention.")
-flags.DEFINE_integer("seed", 0, "Seed of the retrieval examples.")
-flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+def _define_flags() -> None:
+    """Flags only when run as a program: modules that import this one define their own."""
+    flags.DEFINE_string("workdir", None, "A training run's directory.")
+    flags.DEFINE_list("lengths", None, "Total lengths to evaluate at, e.g. 256,512,1024.")
+    flags.DEFINE_list("scalings", ["none", "yarn"], f"RoPE scalings to compare: {SCALINGS}.")
+    flags.DEFINE_float("yarn_factor", 0.0, "Scaling factor (0 = longest length / training length).")
+    flags.DEFINE_list("tasks", list(retrieval_tasks.TASKS), "Retrieval tasks (empty: none).")
+    flags.DEFINE_integer("examples", 8, "Examples per task and length.")
+    flags.DEFINE_integer("ppl_rows", 4, "Held-out rows per length for perplexity.")
+    flags.DEFINE_integer("batch_size", 1, "Rows per forward pass.")
+    flags.DEFINE_integer("block", 512, "Query / key block of the chunked attention.")
+    flags.DEFINE_integer("seed", 0, "Seed of the retrieval examples.")
+    flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 
 
 def main(argv: list[str]) -> None:
@@ -278,5 +280,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    _define_flags()
     flags.mark_flags_as_required(["workdir", "lengths"])
     app.run(main)
