@@ -7,6 +7,8 @@ Sources (config.data.source):
 - "files": .txt / .jsonl files named by config.data.paths.
 - "seqio": a registered seqio Task (e.g. C4 through tfds) for pod-scale runs; needs the
   `seqio` extra and is imported only when used.
+- "bigram_backcopy": the synthetic Bigram-Backcopy task (bigram_backcopy.py), generated on
+  the fly; a first-token attention sink forms on it in CPU-minutes.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ def build_inputs(config: Any, workdir: str | os.PathLike[str] | None = None, *,
 
         return seqio_source.build_inputs(config, workdir, process_index=process_index,
                                          process_count=process_count)
+    if data.source == "bigram_backcopy":
+        from gated_attention.data import bigram_backcopy
+
+        return bigram_backcopy.build_inputs(config, workdir, process_index=process_index,
+                                            process_count=process_count)
     from gated_attention.data import pipeline
 
     local = pipeline.load_local_data(data, config.model.vocab_size, workdir)
