@@ -6,8 +6,8 @@ Trains `tiny` baseline and `tiny` g1_sdpa_elementwise for the same steps and see
 embedded CPython corpus (on a CPU with two or more cores, both at once, one core each),
 measures both on held-out text with gated_attention.analysis.stats, then trains `sink_tiny`
 baseline and G1 on the synthetic Bigram-Backcopy task, where a first-token attention sink
-forms in CPU-minutes (gated_attention.demo_sinks), and writes `<workdir>/report.md` with
-tables and PNG plots of both. Running it again reuses finished runs.
+forms in CPU-minutes (gated_attention.analysis.sink_report), and writes `<workdir>/report.md`
+with tables and PNG plots of both. Running it again reuses finished runs.
 """
 
 from __future__ import annotations
@@ -203,17 +203,17 @@ def write_report(workdir: pathlib.Path, results: dict[str, dict[str, Any]],
 
 def train_and_report_sinks(workdir: pathlib.Path, parallel: bool) -> list[str]:
     """The synthetic sink task: train both models, measure every checkpoint, plot."""
-    from gated_attention import demo_sinks
+    from gated_attention.analysis import sink_report
 
-    overrides = demo_sinks.sink_overrides(FLAGS.sink_steps, FLAGS.sink_batch_size)
+    overrides = sink_report.sink_overrides(FLAGS.sink_steps, FLAGS.sink_batch_size)
     folder = workdir / "sinks"
-    print(f"Training {' and '.join(demo_sinks.SINK_VARIANTS)} on the synthetic sink task for "
+    print(f"Training {' and '.join(sink_report.SINK_VARIANTS)} on the synthetic sink task for "
           f"{FLAGS.sink_steps} steps{' in parallel' if parallel else ''} ...", flush=True)
-    run_commands(demo_sinks.train_commands(folder, overrides, progress=not parallel,
+    run_commands(sink_report.train_commands(folder, overrides, progress=not parallel,
                                            overwrite=FLAGS.overwrite), parallel)
     print("Measuring the sink at every checkpoint ...", flush=True)
-    results = demo_sinks.analyse(folder)
-    return demo_sinks.report_lines(folder, results, overrides, "sinks")
+    results = sink_report.analyse(folder)
+    return sink_report.report_lines(folder, results, overrides, "sinks")
 
 
 def main(argv: list[str]) -> None:

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 
 import grain
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from experiments import summarize
 from gated_attention import config_lib
 from gated_attention.data import bigram_backcopy as bb
+from gated_attention.data import build_inputs
 
 
 def _chain(vocab=17, triggers=3, alpha=0.5, seed=3):
@@ -81,13 +84,13 @@ def _config(**data):
 
 def test_batches_are_identical_after_resume_and_host_independent(tmp_path):
     config = _config()
-    inputs = bb.build_inputs(config, tmp_path)
+    inputs = build_inputs(config, tmp_path)
     assert json.loads((tmp_path / "data_summary.json").read_text())["triggers"] == \
         inputs.tokenizer.triggers.tolist()
     first = [next(inputs.train) for _ in range(3)]
     state = inputs.train.get_state()
     after = [next(inputs.train) for _ in range(4)]
-    resumed = bb.build_inputs(config).train
+    resumed = build_inputs(config).train
     resumed.set_state(state)
     for a, b in zip(after, [next(resumed) for _ in range(4)], strict=True):
         for key in a:
@@ -130,16 +133,33 @@ def test_a_short_baseline_run_learns_the_copy(tmp_path):
     config.train.update(steps=150, batch_size=32, eval_every=0, eval_batches=0,
                         log_every=50, checkpoint_every=0, async_checkpoint=False)
     config.optimizer.update(peak_lr=1e-2, warmup_steps=15, final_lr=1e-3)
-    train.run(config, tmp_path / "run", progress=False)
+    train.run(config, tmp_path / "run", progress=False, devices=jax.devices()[:1])
     model, _ = train.load_params(tmp_path / "run")
     chain = bb.chain_from_config(config.data, config.model.vocab_size)
     held_out = bb.eval_batches(chain, 32, 32, 2, seed=0)
     stats = backcopy.task_statistics(model, chain, held_out)
     assert stats["trigger_accuracy"] > 0.5  # chance: about 1/64
     assert stats["copy_loss"] < 2.0 < np.log(64)
-    # The bigram part trains towards the chain's entropy (the loss floor).
-    assert 0.0 < stats["bigram_excess_loss"] < 1.0
     assert stats["gate_trigger"] is None and len(stats["f_attn_other_per_layer"]) == 2
+    # The same metrics recomputed position by position from the model's logits (float64).
+    hits = copies = 0
+    excess = []
+    for batch in held_out:
+        logits, _ = model(jnp.asarray(batch["inputs"]))
+        logp = np.asarray(jax.nn.log_softmax(np.asarray(logits, np.float64), axis=-1))
+        for r, row in enumerate(batch["inputs"]):
+            for t in range(1, 32):
+                target = batch["targets"][r, t]
+                if chain.is_trigger[row[t]] and t >= 2:
+                    copies += 1
+                    hits += int(np.argmax(logp[r, t]) == target)
+                else:
+                    p = chain.transitions[row[t]]
+                    entropy = -np.sum(p[p > 0] * np.log(p[p > 0]))
+                    excess.append(-logp[r, t, target] - entropy)
+    assert stats["trigger_accuracy"] == pytest.approx(hits / copies)
+    assert stats["bigram_excess_loss"] == pytest.approx(np.mean(excess), abs=1e-4)
+    assert 0.0 < stats["bigram_excess_loss"] < 1.0  # trained towards the chain's entropy
 
 
 def _write_run(root, name, variant, f_attn, task):

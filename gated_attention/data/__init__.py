@@ -43,8 +43,8 @@ def build_inputs(config: Any, workdir: str | os.PathLike[str] | None = None, *,
     if data.source == "bigram_backcopy":
         from gated_attention.data import bigram_backcopy
 
-        return bigram_backcopy.build_inputs(config, workdir, process_index=process_index,
-                                            process_count=process_count)
+        return Inputs(*bigram_backcopy.build_inputs(config, workdir, process_index=process_index,
+                                                    process_count=process_count))
     from gated_attention.data import pipeline
 
     local = pipeline.load_local_data(data, config.model.vocab_size, workdir)

@@ -190,10 +190,10 @@ def summary(chain: Chain, data_config: Any) -> dict[str, Any]:
 
 
 def build_inputs(config: Any, workdir: str | os.PathLike[str] | None = None, *,
-                 process_index: int = 0, process_count: int = 1) -> Any:
-    """The data.Inputs of a bigram_backcopy run (its `tokenizer` is the Chain)."""
-    from gated_attention.data import Inputs
-
+                 process_index: int = 0, process_count: int = 1
+                 ) -> tuple[Any, list[Batch], Chain, dict[str, Any]]:
+    """(train iterator, eval batches, chain, summary): data.Inputs' fields for this source
+    (the Chain stands in for the tokenizer)."""
     data, train = config.data, config.train
     chain = chain_from_config(data, config.model.vocab_size)
     source = BatchSource(chain, data.seq_len, train.batch_size, seed=data.shuffle_seed,
@@ -207,4 +207,4 @@ def build_inputs(config: Any, workdir: str | os.PathLike[str] | None = None, *,
     if workdir is not None and process_index == 0:
         paths.write_atomic(paths.resolve(workdir) / "data_summary.json",
                            json.dumps(info, indent=2) + "\n")
-    return Inputs(iterator, evals, chain, info)
+    return iterator, evals, chain, info

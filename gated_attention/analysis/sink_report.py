@@ -1,5 +1,5 @@
-"""The demo's second half: the attention sink forming on a synthetic task, and the gate
-keeping it away (gated_attention.demo calls this; docs/sinks.md explains the task).
+"""The attention sink forming on a synthetic task, and the gate keeping it away: the second
+half of `make demo` (gated_attention.demo runs it; docs/sinks.md explains the task).
 
 On text at CPU scale no sink forms in the baseline, so the demo also trains `sink_tiny`
 (baseline and G1 elementwise) on Bigram-Backcopy (configs/sinks.py), saving a checkpoint
