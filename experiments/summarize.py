@@ -279,8 +279,9 @@ def sink_section(groups: Sequence[Mapping[str, Any]]) -> list[str]:
     else:
         lines.append(f"Spearman's rho of F-Attn against Table 4: **{cmp['spearman']:.2f}** over "
                      f"{cmp['rows']} rows.")
-    if not cmp["baseline"]:
-        lines.append("No baseline run: cannot say which variants remove the sink.")
+    if not cmp["baseline"] or cmp["rows"] < 2:
+        lines.append("Which variants remove the sink needs a baseline run and another Table 4 "
+                     "row.")
     elif not cmp["disagree"]:
         lines.append("Every Table 4 row we ran agrees with the paper on whether the sink is "
                      f"removed (F-Attn below {SINK_FREE_SHARE:.2f} of the baseline's).")
