@@ -31,7 +31,7 @@ flags.DEFINE_float("peak_lr", 3e-3, "Peak learning rate.")
 flags.DEFINE_bool("parallel", None, "Train both models at once (default: on a CPU with >= 2 "
                   "cores).")
 flags.DEFINE_bool("sinks", True, "Also train the synthetic attention-sink task (sinks/).")
-flags.DEFINE_integer("sink_steps", 600, "Training steps of each sink_tiny model.")
+flags.DEFINE_integer("sink_steps", 1000, "Training steps of each sink_tiny model.")
 flags.DEFINE_integer("sink_batch_size", 32, "Sequences per step of the sink_tiny models.")
 flags.DEFINE_bool("overwrite", False, "Move old runs with other settings aside and retrain.")
 FLAGS = flags.FLAGS
