@@ -179,7 +179,8 @@ def write_report(workdir: pathlib.Path, results: dict[str, dict[str, Any]],
             "against it." if sink_formed else
             f"the baseline puts {base['first_token_attention']:.3f} on token 0, not clearly "
             f"above uniform ({uniform:.3f}): no sink has formed yet, so this run cannot show "
-            "the gate removing one (the paper's 0.467 -> 0.048 needs far more training)."),
+            "the gate removing one (the paper's 0.467 -> 0.048 needs far more training)."
+            + (" The synthetic task below forms one in minutes." if extra_lines else "")),
         "- Perplexity differences at this budget are within seed noise; compare over seeds "
         "and longer runs.",
         "",
