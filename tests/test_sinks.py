@@ -130,9 +130,9 @@ def test_a_short_baseline_run_learns_the_copy(tmp_path):
 
     config = _config()
     config.data.seq_len = 32
-    config.train.update(steps=150, batch_size=32, eval_every=0, eval_batches=0,
+    config.train.update(steps=80, batch_size=32, eval_every=0, eval_batches=0,
                         log_every=50, checkpoint_every=0, async_checkpoint=False)
-    config.optimizer.update(peak_lr=1e-2, warmup_steps=15, final_lr=1e-3)
+    config.optimizer.update(peak_lr=1e-2, warmup_steps=8, final_lr=1e-3)
     train.run(config, tmp_path / "run", progress=False, devices=jax.devices()[:1])
     model, _ = train.load_params(tmp_path / "run")
     chain = bb.chain_from_config(config.data, config.model.vocab_size)
