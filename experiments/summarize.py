@@ -245,8 +245,13 @@ def sink_comparison(groups: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 disagree.append({"label": g["label"], "ours_sink_free": ours,
                                  "ratio": g["f_attn"] / base["f_attn"],
                                  "paper_ratio": g["paper_f_attn"] / base["paper_f_attn"]})
+    # M-Act: the paper's gated rows all lie below its baseline; name ours that do not.
+    m_act_up = [g["label"] for g in rows if base is not None and g is not base
+                and g.get("m_act") is not None and base.get("m_act") is not None
+                and g.get("paper_m_act") is not None and base.get("paper_m_act") is not None
+                and g["paper_m_act"] < base["paper_m_act"] and g["m_act"] > base["m_act"]]
     return {"rows": len(rows), "spearman": rho, "baseline": base is not None,
-            "disagree": disagree}
+            "disagree": disagree, "m_act_up": m_act_up}
 
 
 def sink_section(groups: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -292,6 +297,9 @@ def sink_section(groups: Sequence[Mapping[str, Any]]) -> list[str]:
                   f"({'sink-free' if d['ours_sink_free'] else 'sink kept'}), paper "
                   f"{d['paper_ratio']:.2f} ({'sink kept' if d['ours_sink_free'] else 'sink-free'})"
                   for d in cmp["disagree"]]
+    if cmp["m_act_up"]:
+        lines.append("M-Act above the baseline's, where the paper's is below it: "
+                     + ", ".join(cmp["m_act_up"]) + ".")
     return lines
 
 

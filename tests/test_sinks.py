@@ -162,10 +162,10 @@ def test_a_short_baseline_run_learns_the_copy(tmp_path):
     assert 0.0 < stats["bigram_excess_loss"] < 1.0  # trained towards the chain's entropy
 
 
-def _write_run(root, name, variant, f_attn, task):
+def _write_run(root, name, variant, f_attn, task, m_act=3.0):
     (root / name / "analysis").mkdir(parents=True)
     (root / name / "analysis" / "analysis.json").write_text(json.dumps({
-        "perplexity": 8.0, "first_token_attention": f_attn, "massive_activation": 3.0,
+        "perplexity": 8.0, "first_token_attention": f_attn, "massive_activation": m_act,
         "gate_score_mean": task.get("gate_other"), "sink_rate": task["sink_head_share"],
         "step": 1000, "params": {"params_added_vs_baseline": 0},
         "stability": {"train": {"spikes": 0, "diverged": False}}, "task": task}))
@@ -183,7 +183,7 @@ def test_sink_summary_of_a_two_row_grid(tmp_path):
     runs = {
         "b": _write_run(tmp_path, "b", "baseline", 0.9, _task(0.99, 0.1, 1.0, 4.0, 1.0)),
         "g": _write_run(tmp_path, "g", "g1_sdpa_elementwise", 0.05,
-                        _task(0.06, 0.01, 0.0, 0.8, 0.98, gate=(0.7, 0.002))),
+                        _task(0.06, 0.01, 0.0, 0.8, 0.98, gate=(0.7, 0.002)), m_act=6.5),
     }
     (tmp_path / "runs.json").write_text(json.dumps({"grid": "g.py", "scale": "tiny",
                                                     "runs": runs}))
@@ -192,10 +192,13 @@ def test_sink_summary_of_a_two_row_grid(tmp_path):
     assert "## Attention sink on the synthetic task, beside Table 4" in text
     assert ("| baseline | 1 | 0.900 | 0.467 | 0.990 / 0.100 | 1.00 | 4.00 | 3.00 | 1053 "
             "| - / - | - | 1.000 | 0.020 |") in text
-    assert ("| g1_sdpa_elementwise | 1 | 0.050 | 0.048 | 0.060 / 0.010 | 0.00 | 0.80 | 3.00 "
+    assert ("| g1_sdpa_elementwise | 1 | 0.050 | 0.048 | 0.060 / 0.010 | 0.00 | 0.80 | 6.50 "
             "| 94 | 0.700 / 0.002 | 0.116 | 0.980 | 0.020 |") in text
     assert "needs at least 3 of its rows (have 2)" in text
     assert "Every Table 4 row we ran agrees with the paper" in text
+    # M-Act 6.5 above the baseline's 3.0, where the paper has 94 below 1053.
+    assert "M-Act above the baseline's, where the paper's is below it: g1_sdpa_elementwise." \
+        in text
 
 
 def test_sink_comparison_spearman_and_disagreements():
