@@ -123,7 +123,7 @@ def plot_gate_scores(final: Mapping[str, Any], path: pathlib.Path, variant: str)
         ax.text(x - 0.2, t, f"{t:.2f}", ha="center", va="bottom", fontsize=8)
         ax.text(x + 0.2, o, f"{o:.3f}", ha="center", va="bottom", fontsize=8)
     ax.set(xticks=layers, xlabel="layer", ylabel="mean gate score", ylim=(0, 1.1),
-           title=f"{variant}: the gate opens at triggers, closes elsewhere")
+           title=f"{variant}: open at triggers, shut elsewhere")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
     return _save(fig, path)
