@@ -160,6 +160,15 @@ def test_a_short_baseline_run_learns_the_copy(tmp_path):
     assert stats["trigger_accuracy"] == pytest.approx(hits / copies)
     assert stats["bigram_excess_loss"] == pytest.approx(np.mean(excess), abs=1e-4)
     assert 0.0 < stats["bigram_excess_loss"] < 1.0  # trained towards the chain's entropy
+    # `analyze` of the run adds the task section; its F-Attn over all queries but BOS is the
+    # generic analysis' F-Attn (query 0 excluded), pooled by another code path.
+    from gated_attention import analyze
+
+    result = analyze.analyze(tmp_path / "run", batches=1, batch_size=8)
+    assert result["task"]["f_attn_all"] == pytest.approx(result["first_token_attention"],
+                                                          abs=1e-6)
+    assert result["prompt_tokens"][0] == "<bos>" and len(result["prompt_tokens"]) == 24
+    assert (tmp_path / "run" / "analysis" / "attention_maps.png").exists()
 
 
 def _write_run(root, name, variant, f_attn, task, m_act=3.0):
