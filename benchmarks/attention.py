@@ -1,17 +1,24 @@
 """Attention kernels side by side, one table from one run: speed (TFLOP/s) and correctness.
 
-    python benchmarks/attention.py            # GPU: B4 S4096 and B1 S16384, H16 D128, bf16
+    python benchmarks/attention.py            # B4 S4096 H16 D128, the same with 4 kv heads,
+                                              # and B1 S16384: every path of this platform
     python benchmarks/attention.py --small    # any machine: tiny shapes, kernels interpreted
     python benchmarks/attention.py --block_sizes=runs/sweep.json   # our rows with swept blocks
     python benchmarks/attention.py --check [--small]   # float32 values and gradients vs XLA
 
-Rows: this project's Pallas kernel (ungated, gated elementwise, gated headwise, gated with
-segment ids), cuDNN through jax.nn.dot_product_attention, cuDNN followed by an unfused gate,
-jax's own Pallas Triton `mha`, and the XLA reference. Causal attention; FLOPs count QK^T and
-PV only (fwd = 4*B*H*S^2*D/2, fwd+bwd = 3.5 x fwd) as in the anchors' peer table. Each time is
-the median of --iters calls after --warmup. The error column is the max |out - ref| / max |ref|
-against the XLA reference in float32 on the same inputs at a small shape
-(B1 S256 H4 D128; with --small, the benchmark shape itself). Rows are printed as they finish.
+Rows, the baselines first (so a time cap cuts our rows, not theirs): cuDNN through
+jax.nn.dot_product_attention, cuDNN followed by an unfused gate and jax's own Pallas Triton
+`mha` on a GPU; jax's splash attention on a TPU; then this project's kernel for the platform
+(ungated, gated elementwise, gated headwise, gated with segment ids: four packed documents a
+row), then the XLA reference (skipped above S8192: its S x S logits would not fit).
+Causal attention; FLOPs count QK^T and PV only (fwd = 4*B*H*S^2*D/2, fwd+bwd = 3.5 x fwd) as
+in the peer table, and a packed row counts each document on its own (sum of L_i^2, not S^2:
+attention never crosses documents). Each time is the median of --iters calls after --warmup,
+through `time_forward` / `time_forward_backward`, which the block-size sweep uses too. The
+error column is the max |out - ref| / max |ref| against the XLA reference in float32 on the
+same inputs at a small shape (B1 S256 H4 D128; with --small, the benchmark shape itself).
+Rows are printed as they finish. The data packages (grain) are not imported: the benchmark
+needs only jax.
 
 --block_sizes takes the JSON that benchmarks/sweep_blocks.py writes (its winner for this device
 kind and head_dim is used) or an inline JSON dict; our kernel's rows then use those sizes.
@@ -35,20 +42,37 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from gated_attention import ops
-from gated_attention.data.packing import random_segment_ids
 from gated_attention.ops import reference
 from gated_attention.ops._flash_common import attention_flops
 from gated_attention.ops.block_sizes import device_kind_key
 
-FULL_SHAPES = ((4, 4096, 16, 128), (1, 16384, 16, 128))
-SMALL_SHAPES = ((1, 64, 2, 64),)
-CHECK_SHAPE = (1, 256, 4, 128)
+
+class Shape(NamedTuple):
+    batch: int
+    seq: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    def label(self) -> str:
+        kv = f" KV{self.kv_heads}" if self.kv_heads != self.heads else ""
+        return f"B{self.batch} S{self.seq} H{self.heads}{kv} D{self.head_dim}"
+
+
+FULL_SHAPES = (Shape(4, 4096, 16, 16, 128), Shape(4, 4096, 16, 4, 128),
+               Shape(1, 16384, 16, 16, 128))
+SMALL_SHAPES = (Shape(1, 64, 2, 2, 32),)
+CHECK_SHAPE = Shape(1, 256, 4, 4, 128)
+XLA_MAX_SEQ = 8192  # the reference holds B x H x S x S float32 logits (S16384: 16 GiB a head
+#                     group, about 100 GiB with its backward)
+PACKED_DOCUMENTS = 4
 CPU_COMPILE = dict(xla_backend_optimization_level=0, xla_llvm_disable_expensive_passes=True)
 
 
@@ -59,17 +83,24 @@ class Impl:
     gate: str | None = None  # which gate the row feeds: None, "elementwise", "headwise"
     segments: bool = False
     available: str = ""  # non-empty: why this row cannot run here
+    mha_only: bool = False  # needs as many kv heads as query heads
+    max_seq: int | None = None
+
+
+def _our_impls(platform: str) -> tuple[str, ...]:
+    return {"tpu": ("pallas_tpu",), "gpu": ("pallas_gpu",)}.get(platform, ("pallas_gpu",))
 
 
 def _implementations(platform: str, small: bool,
                      blocks: dict[str, int] | None = None) -> list[Impl]:
-    ours = "pallas_tpu" if platform == "tpu" else "pallas_gpu"
     if small and blocks is None:
         blocks = {"block_q": 16, "block_kv": 16}
 
-    def kernel(q, k, v, gate, seg):
-        return ops.attention(q, k, v, gate=gate, segment_ids=seg, impl=ours,
-                             block_sizes=blocks)
+    def through_ops(impl: str, sizes: dict[str, int] | None):
+        def attn(q, k, v, gate, seg):
+            return ops.attention(q, k, v, gate=gate, segment_ids=seg, impl=impl,
+                                 block_sizes=sizes)
+        return attn
 
     def cudnn(q, k, v, gate, seg):
         out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
@@ -79,18 +110,28 @@ def _implementations(platform: str, small: bool,
         return reference.attention(q, k, v, gate=gate, segment_ids=seg)
 
     no_gpu = "" if platform == "gpu" else "needs a GPU"
-    rows = [
-        Impl(f"{ours} (this project), ungated", kernel),
-        Impl(f"{ours}, gated elementwise (fused)", kernel, gate="elementwise"),
-        Impl(f"{ours}, gated headwise (fused)", kernel, gate="headwise"),
-        Impl(f"{ours}, gated elementwise + segment ids", kernel, gate="elementwise",
-             segments=True),
+    rows = [  # baselines first: a time cap cuts the project's rows, not the yardsticks
         Impl("cuDNN (jax.nn.dot_product_attention)", cudnn, available=no_gpu),
         Impl("cuDNN + unfused elementwise gate", cudnn, gate="elementwise", available=no_gpu),
     ]
     mha, why = _jax_triton_mha(platform, small)
-    rows.append(Impl("jax Pallas Triton mha", mha, available=why))
-    rows.append(Impl("XLA reference (jit)", xla))
+    rows.append(Impl("jax Pallas Triton mha", mha, available=why, mha_only=True))
+    if platform == "tpu":
+        splash = through_ops("splash", None)
+        rows += [Impl("splash (jax), ungated", splash),
+                 Impl("splash + elementwise gate", splash, gate="elementwise"),
+                 Impl("splash + elementwise gate, segment ids", splash, gate="elementwise",
+                      segments=True)]
+    for ours in _our_impls(platform):
+        kernel = through_ops(ours, blocks)
+        rows += [
+            Impl(f"{ours} (this project), ungated", kernel),
+            Impl(f"{ours}, gated elementwise (fused)", kernel, gate="elementwise"),
+            Impl(f"{ours}, gated headwise (fused)", kernel, gate="headwise"),
+            Impl(f"{ours}, gated elementwise + segment ids", kernel, gate="elementwise",
+                 segments=True),
+        ]
+    rows.append(Impl("XLA reference (jit)", xla, max_seq=XLA_MAX_SEQ))
     return rows
 
 
@@ -115,18 +156,43 @@ def _jax_triton_mha(platform: str, small: bool):
     return mha, ""
 
 
-def _inputs(shape, impl: Impl, seed: int = 0):
-    b, s, h, d = shape
+def packed_segment_ids(batch: int, seq: int, documents: int = PACKED_DOCUMENTS) -> np.ndarray:
+    """[batch, seq] ids of `documents` equal-length packed documents per row."""
+    return np.broadcast_to(np.arange(seq, dtype=np.int32) // -(-seq // documents), (batch, seq))
+
+
+def random_segment_ids(rng: np.random.Generator, batch: int, seq: int) -> np.ndarray:
+    """[batch, seq] sorted ids of 2-4 packed documents of random lengths per row."""
+    rows = []
+    for _ in range(batch):
+        cuts = np.sort(rng.choice(np.arange(1, seq), size=rng.integers(1, 4), replace=False))
+        rows.append(np.searchsorted(cuts, np.arange(seq), side="right"))
+    return np.stack(rows).astype(np.int32)
+
+
+def causal_flops(shape: Shape, segment_ids: np.ndarray | None = None) -> float:
+    """Forward FLOPs of QK^T and PV; with segment ids, each document's own causal square."""
+    b, s, h, _, d = shape
+    if segment_ids is None:
+        return attention_flops(b, s, h, d, causal=True)
+    total = 0.0
+    for row in np.asarray(segment_ids):
+        _, lengths = np.unique(row, return_counts=True)
+        total += sum(attention_flops(1, int(n), h, d, causal=True) for n in lengths)
+    return total
+
+
+def _inputs(shape: Shape, impl: Impl, seed: int = 0):
+    b, s, h, n, d = shape
     keys = jax.random.split(jax.random.PRNGKey(seed), 4)
-    q, k, v = (jax.random.normal(key, shape, jnp.bfloat16) for key in keys[:3])
+    q = jax.random.normal(keys[0], (b, s, h, d), jnp.bfloat16)
+    k, v = (jax.random.normal(key, (b, s, n, d), jnp.bfloat16) for key in keys[1:3])
     gate = None
     if impl.gate == "elementwise":
-        gate = jax.random.normal(keys[3], shape, jnp.bfloat16)
+        gate = jax.random.normal(keys[3], (b, s, h, d), jnp.bfloat16)
     elif impl.gate == "headwise":
         gate = jax.random.normal(keys[3], (b, s, h), jnp.bfloat16)
-    seg = None
-    if impl.segments:  # four packed documents per row
-        seg = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32) // -(-s // 4), (b, s))
+    seg = jnp.asarray(packed_segment_ids(b, s)) if impl.segments else None
     return q, k, v, gate, seg
 
 
@@ -147,12 +213,26 @@ def _median_seconds(compiled, args, warmup: int, iters: int) -> float:
 
 
 def _fwd_bwd(fn):
+    """Forward + backward of attn(q, k, v, gate, seg): gradients of sum(out) w.r.t. q, k, v
+    (and the gate)."""
     def loss(q, k, v, gate, seg):
         def scalar(q, k, v, gate):
             return jnp.sum(fn(q, k, v, gate, seg).astype(jnp.float32))
         argnums = (0, 1, 2) if gate is None else (0, 1, 2, 3)
         return jax.grad(scalar, argnums=argnums)(q, k, v, gate)
     return loss
+
+
+def time_forward(fn, args, warmup: int, iters: int):
+    """(compiled forward, median seconds): the harness of the table and of the sweep."""
+    compiled = _compile(fn, *args)
+    return compiled, _median_seconds(compiled, args, warmup, iters)
+
+
+def time_forward_backward(fn, args, warmup: int, iters: int):
+    """(compiled forward + backward, median seconds), as `time_forward`."""
+    compiled = _compile(_fwd_bwd(fn), *args)
+    return compiled, _median_seconds(compiled, args, warmup, iters)
 
 
 def _rel_error(out: jax.Array, args) -> float:
@@ -162,6 +242,16 @@ def _rel_error(out: jax.Array, args) -> float:
     return float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref)) / jnp.max(jnp.abs(ref)))
 
 
+def _why_not(impl: Impl, shape: Shape) -> str:
+    if impl.available:
+        return impl.available
+    if impl.mha_only and shape.kv_heads != shape.heads:
+        return "no GQA"
+    if impl.max_seq is not None and shape.seq > impl.max_seq:
+        return f"skipped above S{impl.max_seq} (S x S logits)"
+    return ""
+
+
 def iter_rows(small: bool, warmup: int, iters: int,
               blocks: dict[str, int] | None = None) -> Iterator[dict]:
     """One row per (implementation, shape), yielded as soon as it is measured."""
@@ -169,25 +259,26 @@ def iter_rows(small: bool, warmup: int, iters: int,
     shapes = SMALL_SHAPES if small else FULL_SHAPES
     for impl in _implementations(platform, small, blocks):
         err = "n/a"
-        if not impl.available and not small:  # --small measures the error on its own shape
+        if not _why_not(impl, CHECK_SHAPE) and not small:  # --small: on its own shape
             args = _inputs(CHECK_SHAPE, impl, seed=1)
             try:
                 err = f"{_rel_error(_compile(impl.fn, *args)(*args), args):.1e}"
             except Exception as exc:  # noqa: BLE001 - the timings below may still run
                 err = f"failed: {type(exc).__name__}: {str(exc)[:80]}"
         for shape in shapes:
-            row = dict(impl=impl.name, shape="B{} S{} H{} D{}".format(*shape), error=err,
-                       fwd="-", fwd_bwd="-", fwd_ms="-", fwd_bwd_ms="-")
-            if impl.available:
-                row.update(fwd=impl.available)
+            row = dict(impl=impl.name, shape=shape.label(), error=err, fwd="-", fwd_bwd="-",
+                       fwd_ms="-", fwd_bwd_ms="-")
+            why = _why_not(impl, shape)
+            if why:
+                row.update(fwd=why)
                 yield row
                 continue
             args = _inputs(shape, impl)
-            flops = attention_flops(shape[0], shape[1], shape[2], shape[3], causal=True)
-            for key, fn, mult in (("fwd", impl.fn, 1.0), ("fwd_bwd", _fwd_bwd(impl.fn), 3.5)):
+            flops = causal_flops(shape, None if args[4] is None else np.asarray(args[4]))
+            for key, timer, mult in (("fwd", time_forward, 1.0),
+                                     ("fwd_bwd", time_forward_backward, 3.5)):
                 try:
-                    compiled = _compile(fn, *args)
-                    seconds = _median_seconds(compiled, args, warmup, iters)
+                    compiled, seconds = timer(impl.fn, args, warmup, iters)
                 except Exception as exc:  # noqa: BLE001 - one failing row must not hide the rest
                     row[key] = f"failed: {type(exc).__name__}: {str(exc)[:80]}"
                     continue
@@ -381,13 +472,13 @@ def main() -> None:
                         help="no timings: float32 values and gradients vs the XLA reference")
     args = parser.parse_args()
     device = jax.devices()[0]
-    head_dim = (SMALL_SHAPES if args.small else FULL_SHAPES)[0][3]
+    head_dim = (SMALL_SHAPES if args.small else FULL_SHAPES)[0].head_dim
     blocks = load_block_sizes(args.block_sizes, head_dim)
     if args.check:
         print(f"# device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}")
         sys.exit(0 if check(args.small, blocks) else 1)
     warmup = args.warmup if args.warmup is not None else (1 if args.small else 3)
-    iters = args.iters if args.iters is not None else (2 if args.small else 20)
+    iters = args.iters if args.iters is not None else (2 if args.small else 10)
     print(f"# device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}, "
           f"bfloat16, causal, median of {iters} after {warmup} warm-up")
     if args.small:

@@ -1,26 +1,31 @@
 #!/bin/bash
-# One call on a GPU machine (an H200) for the attention kernels: correctness, block-size sweep,
-# benchmark table and training step, each under its own timeout, all inside one time budget.
+# One call on a GPU machine (an H200) for the attention kernels: benchmark table, training
+# step, correctness, block-size sweep, each under its own timeout, all inside one time budget.
+# What matters most runs first: the table (baselines before our rows) and the train-step MFU.
 #
 # Usage, from the repository root:
-#   bash benchmarks/device_session.sh [STEP ...]   # steps: env check sweep table train
+#   bash benchmarks/device_session.sh [STEP ...]   # steps: env table train check sweep
 #                                                  # (default: these five, in this order)
 #   train_pallas (only when named): the G1 step with attention_impl=pallas_gpu (fused gate)
 # Environment:
 #   OUT       results folder (default runs/device_session); the device tool sets it
-#   BUDGET_S  wall-clock seconds for the whole script (default 520); each step gets the smaller
-#             of its own cap and what is left, and a step with under 15 s left is skipped
-#   SMALL=1   CPU rehearsal: --small everywhere and a tiny training step
+#   BUDGET_S  wall-clock seconds for the whole script (default 540); each step gets the smaller
+#             of its own cap and what is left, and a step with under 15 s left is skipped.
+#             The caps add up to the default budget: env 40, table 180, train 3 x 70,
+#             check 60, sweep 50
+#   SMALL=1   CPU rehearsal: --small everywhere, a tiny training step, caps and budget x4
 #   DRY_RUN=1 print each step's command instead of running it
 #   INSTALL_WHEELS=auto|0  auto (default): install .whl/*.whl into .site when there are any
 #   PYTHON    the interpreter (default python3)
 #
 # Steps and what they write under $OUT (at most 8 files come back from the device tool):
 #   env    nvidia-smi, python, jax and its devices                     -> env.txt
+#   table  attention.py: every path at B4 S4096 H16 (and KV4) and B1 S16384 -> table.txt
+#   train  train_step.py, 1.7B-28L at 4x4096 bf16: baseline, G1 elementwise, G1 headwise
+#                                                                       -> train.txt
 #   check  attention.py --check: float32 values and gradients vs XLA    -> check.txt
-#   sweep  sweep_blocks.py: forward, then forward+backward block sizes  -> sweep.txt, sweep.json
-#   table  attention.py, our rows with the sweep's winner when it has one -> table.txt
-#   train  train_step.py, 1.7B-28L at 4x4096 bf16, baseline then G1     -> train.txt
+#   sweep  sweep_blocks.py: forward, then forward+backward block sizes, timed by the table's
+#          harness; prints the winner to paste into ops/block_sizes.py  -> sweep.txt, sweep.json
 #   every step's exit status and seconds (124: timed out)              -> summary.txt
 # A failing or timed-out step does not stop the next; the script exits 1 if any failed. The
 # end of the output repeats the results (the device tool returns only its last 12,000
@@ -29,17 +34,20 @@ set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-$PWD/runs/device_session}
-BUDGET_S=${BUDGET_S:-520}
 SMALL=${SMALL:-0}
+# The CPU rehearsal interprets the kernels: every cap and the default budget 4x longer.
+SCALE=1
+[ "$SMALL" = 1 ] && SCALE=4
+BUDGET_S=${BUDGET_S:-$((540 * SCALE))}
 DRY_RUN=${DRY_RUN:-0}
 INSTALL_WHEELS=${INSTALL_WHEELS:-auto}
 PYTHON=${PYTHON:-python3}
 STEPS=("$@")
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(env check sweep table train)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(env table train check sweep)
 for step in "${STEPS[@]}"; do
   case "$step" in
     env | check | sweep | table | train | train_pallas) ;;
-    *) echo "unknown step '$step'; choose from: env check sweep table train train_pallas" >&2
+    *) echo "unknown step '$step'; choose from: env table train check sweep train_pallas" >&2
        exit 2 ;;
   esac
 done
@@ -80,6 +88,7 @@ run_step() {
   local name=$1 cap=$2 log=$3
   shift 3
   local limit t0 rc cmd="$*"
+  cap=$((cap * SCALE))
   limit=$(left)
   ((cap < limit)) && limit=$cap
   cmd=${cmd//$'\n'/ }
@@ -99,8 +108,8 @@ run_step() {
 }
 
 step_env() {
-  run_step env 20 env.txt nvidia-smi
-  run_step "env python" 60 env.txt "$PYTHON" -c '
+  run_step env 10 env.txt nvidia-smi
+  run_step "env python" 30 env.txt "$PYTHON" -c '
 import sys, jax
 from gated_attention.ops.block_sizes import device_kind_key
 print("python", sys.version.split()[0], "| jax", jax.__version__, "| backend",
@@ -116,32 +125,31 @@ except ImportError:
 }
 
 step_check() {
-  run_step check 90 check.txt "$PYTHON" benchmarks/attention.py --check "${small[@]}"
+  run_step check 60 check.txt "$PYTHON" benchmarks/attention.py --check "${small[@]}"
 }
 
 step_sweep() {
-  local budget=$(($(left) - 40))
-  ((budget > 170)) && budget=170
+  local budget=$(($(left) - 20))
+  ((budget > 30 * SCALE)) && budget=$((30 * SCALE))
   ((budget < 20)) && budget=20
-  run_step sweep 210 sweep.txt "$PYTHON" benchmarks/sweep_blocks.py "${small[@]}" \
+  run_step sweep 50 sweep.txt "$PYTHON" benchmarks/sweep_blocks.py "${small[@]}" \
     --budget_s="$budget" --out="$OUT/sweep.json"
 }
 
 step_table() {
-  run_step table 160 table.txt "$PYTHON" benchmarks/attention.py "${small[@]}" \
-    --block_sizes="$OUT/sweep.json"
+  run_step table 180 table.txt "$PYTHON" benchmarks/attention.py "${small[@]}"
 }
 
 step_train() {
   local variant
-  for variant in baseline g1_sdpa_elementwise; do
-    run_step "train $variant" 130 train.txt "$PYTHON" benchmarks/train_step.py \
+  for variant in baseline g1_sdpa_elementwise g1_sdpa_headwise; do
+    run_step "train $variant" 70 train.txt "$PYTHON" benchmarks/train_step.py \
       "${train_args[@]}" --variants="$variant"
   done
 }
 
 step_train_pallas() {
-  run_step "train g1_sdpa_elementwise pallas_gpu" 130 train.txt "$PYTHON" \
+  run_step "train g1_sdpa_elementwise pallas_gpu" 70 train.txt "$PYTHON" \
     benchmarks/train_step.py "${train_args[@]}" --variants=g1_sdpa_elementwise \
     --attention_impl=pallas_gpu
 }

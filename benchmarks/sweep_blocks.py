@@ -10,7 +10,10 @@ kernel's tiles, and the backward kernels' own num_warps_bwd/num_stages_bwd), so 
 tune separate knobs; the final pick is the phase-2 winner.
 The first candidate of each phase is the current table entry (ops/block_sizes.py).
 
-Every shape of one head_dim is timed per candidate (median of --iters calls after --warmup).
+Every shape of one head_dim is timed per candidate (median of --iters calls after --warmup)
+with the table's own harness and inputs (benchmarks/attention.py: time_forward and
+time_forward_backward on the elementwise-gated rows' inputs), so a sweep's milliseconds and the
+table's are the same measurement.
 A candidate is ranked by the geometric mean over shapes of its time / the best time at that
 shape. Only candidates that ran at every shape and whose max relative error against the XLA
 reference (float32 reference on the same bf16 inputs, at CHECK_SHAPE: the output in phase 1,
@@ -42,16 +45,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks/ fold
 import attention as bench  # noqa: E402 - benchmarks/attention.py: inputs, timing, errors
 
 from gated_attention import ops, paths  # noqa: E402
-from gated_attention.ops._flash_common import attention_flops  # noqa: E402
 from gated_attention.ops.block_sizes import (  # noqa: E402
     BLOCK_KEYS,
     block_sizes_for,
     device_kind_key,
 )
 
-FULL_SHAPES = bench.FULL_SHAPES  # (batch, seq, heads, head_dim): B4 S4096 and B1 S16384, D128
-SMALL_SHAPES = ((1, 64, 2, 32),)
-CHECK_SHAPE = (1, 500, 4, 2)  # batch, seq (not a multiple of any tile), heads, kv heads (GQA)
+# The table's shapes with as many kv heads as heads: B4 S4096 and B1 S16384, H16 D128.
+FULL_SHAPES = tuple(s for s in bench.FULL_SHAPES if s.kv_heads == s.heads)
+SMALL_SHAPES = (bench.Shape(1, 64, 2, 2, 32),)
+CHECK_SHAPE = bench.Shape(1, 500, 4, 2, 128)  # a length no tile divides, GQA 2
 MAX_ERR = 2e-2  # bf16 inputs and outputs: about 3e-3 for the output, up to about 6e-3 for grads
 # Forward: (block_q, block_kv, num_warps, num_stages). The current table entry comes first.
 FWD_CANDIDATES = ((128, 64, 4, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3),
@@ -79,8 +82,8 @@ def bwd_label(sizes: dict[str, int]) -> str:
             f"bwd w{sizes['num_warps_bwd']} s{sizes['num_stages_bwd']}")
 
 
-def shape_label(shape) -> str:
-    return "B{} S{} H{} D{}".format(*shape)
+def shape_label(shape: bench.Shape) -> str:
+    return shape.label()
 
 
 def python_literal(head_dim: int, sizes: dict[str, int]) -> str:
@@ -140,10 +143,13 @@ def _forward_fn(attn, inputs: dict):
     return fn
 
 
-def _inputs(shape, kv_heads: int | None = None, seed: int = 0) -> dict:
-    b, s, h, d = shape
-    return bench.make_inputs(b, s, h, kv_heads or h, d, "elementwise", False, jnp.bfloat16,
-                             seed=seed)
+def _inputs(shape: bench.Shape, seed: int = 0) -> dict:
+    """The check's inputs dict (q, k, v, gate, seg, probe) at `shape`, elementwise gate."""
+    b, s, h, n, d = shape
+    return bench.make_inputs(b, s, h, n, d, "elementwise", False, jnp.bfloat16, seed=seed)
+
+
+GATED = bench.Impl("sweep", None, gate="elementwise")  # what the timed rows feed
 
 
 def _error(phase: str, got, inputs: dict, want) -> float:
@@ -176,10 +182,17 @@ class Sweep:
             return
         paths.write_atomic(self.out, json.dumps(self.report, indent=1) + "\n")
 
-    def inputs_for(self, shape, kv_heads: int | None = None, seed: int = 0) -> dict:
-        key = (shape, kv_heads, seed)
+    def inputs_for(self, shape: bench.Shape, seed: int = 0) -> dict:
+        key = (shape, seed)
         if key not in self.inputs:
-            self.inputs[key] = _inputs(shape, kv_heads, seed)
+            self.inputs[key] = _inputs(shape, seed)
+        return self.inputs[key]
+
+    def timed_args(self, shape: bench.Shape) -> tuple:
+        """The table's own inputs for the elementwise-gated rows (same harness, same data)."""
+        key = (shape, "timed")
+        if key not in self.inputs:
+            self.inputs[key] = bench._inputs(shape, GATED)
         return self.inputs[key]
 
     def reference(self, inputs: dict):
@@ -207,26 +220,23 @@ class Sweep:
             if any(r["status"] != "ok" for r in rows[:-1]):
                 row["status"] = "skipped: failed at an earlier shape"
                 continue
-            inputs = self.inputs_for(shape)
+            timer = bench.time_forward if phase == "fwd" else bench.time_forward_backward
             try:
                 start = time.monotonic()
-                compiled = bench._compile(build(_kernel(sizes), inputs), inputs)
-                got = jax.block_until_ready(compiled(inputs))
-                row["compile_s"] = round(time.monotonic() - start, 2)
-                seconds = bench._median_seconds(compiled, (inputs,), self.warmup, self.iters)
-                if error is None:
-                    if check_inputs is None:  # --small: the timed shape is the check shape
-                        error = _error(phase, got, inputs, self.reference(inputs))
-                    else:
-                        check = bench._compile(build(_kernel(sizes), check_inputs), check_inputs)
-                        error = _error(phase, check(check_inputs), check_inputs,
-                                       self.reference(check_inputs))
+                _, seconds = timer(_kernel(sizes), self.timed_args(shape), self.warmup,
+                                   self.iters)
+                row["compile_s"] = round(max(0.0, time.monotonic() - start - seconds * (
+                    self.warmup + self.iters)), 2)
+                if error is None:  # --small: the check runs at the timed shape
+                    inputs = check_inputs or self.inputs_for(shape)
+                    check = bench._compile(build(_kernel(sizes), inputs), inputs)
+                    error = _error(phase, check(inputs), inputs, self.reference(inputs))
             except Exception as exc:  # noqa: BLE001 - a failing candidate must not stop the sweep
                 row["status"] = f"failed: {type(exc).__name__}: {str(exc)[:300]}"
                 if not _device_alive():
                     self.dead = f"device unusable after {label} failed"
                 continue
-            flops = attention_flops(*shape, causal=True) * (1.0 if phase == "fwd" else 3.5)
+            flops = bench.causal_flops(shape) * (1.0 if phase == "fwd" else 3.5)
             row.update(ms=float(f"{seconds * 1e3:.4g}"),
                        tflops=float(f"{flops / seconds / 1e12:.4g}"))
         self.report.pop("in_progress", None)
@@ -280,25 +290,24 @@ def sweep(shapes, small: bool, warmup: int, iters: int, budget_s: float | None,
                   platform=jax.default_backend(), jax=jax.__version__, small=small,
                   dtype="bfloat16", gate="elementwise", causal=True, warmup=warmup, iters=iters,
                   max_err=MAX_ERR, shapes=[shape_label(s) for s in shapes],
-                  check_shape=None if small else "B{} S{} H{}/{} (GQA)".format(*CHECK_SHAPE),
+                  check_shape=None if small else CHECK_SHAPE.label() + " (GQA)",
                   results=[], winners={kind: {}}, summary={}, literals={})
     runner = Sweep(report, out, small, warmup, iters)
     runner.save()
     start = time.monotonic()
-    head_dims = sorted({s[3] for s in shapes})
+    head_dims = sorted({s.head_dim for s in shapes})
     print(f"# sweep: {device.device_kind} ({report['platform']}, table key {kind!r}), jax "
           f"{jax.__version__}; bf16, causal, elementwise gate; median of {iters} after "
           f"{warmup} warm-up; " + (f"budget {budget_s:g} s" if budget_s else "no time budget"))
     print(TABLE_HEADER, flush=True)
     for n, d in enumerate(head_dims):
-        group = [s for s in shapes if s[3] == d]
+        group = [s for s in shapes if s.head_dim == d]
         share = None if budget_s is None else budget_s * (n + 1) / len(head_dims)
         group_start = time.monotonic() - start
         fwd_deadline = math.inf if share is None else start + group_start + 0.45 * (
             share - group_start)
         end = math.inf if share is None else start + share
-        check = None if small else runner.inputs_for(
-            (CHECK_SHAPE[0], CHECK_SHAPE[1], CHECK_SHAPE[2], d), kv_heads=CHECK_SHAPE[3], seed=1)
+        check = None if small else runner.inputs_for(CHECK_SHAPE._replace(head_dim=d), seed=1)
         current = block_sizes_for(d, kind=kind)
         fwd_best, _ = runner.run_phase("fwd", fwd_candidates(current, small), current, group,
                                        fwd_deadline, check)
@@ -345,8 +354,17 @@ def print_summary(report: dict) -> None:
             print("\n".join("    " + line for line in literal.splitlines()))
 
 
-def parse_shapes(text: str):
-    return tuple(tuple(int(x) for x in item.split("x")) for item in text.split(","))
+def parse_shapes(text: str) -> tuple[bench.Shape, ...]:
+    """"BxSxHxD" or "BxSxHxKVxD", comma separated."""
+    shapes = []
+    for item in text.split(","):
+        dims = [int(x) for x in item.split("x")]
+        if len(dims) == 4:
+            dims.insert(3, dims[2])
+        if len(dims) != 5:
+            raise ValueError(f"--shapes item {item!r} must be BxSxHxD or BxSxHxKVxD")
+        shapes.append(bench.Shape(*dims))
+    return tuple(shapes)
 
 
 def main() -> None:
@@ -354,7 +372,8 @@ def main() -> None:
     parser.add_argument("--small", action="store_true",
                         help="tiny shape and candidates, kernels interpreted (runs on a CPU)")
     parser.add_argument("--shapes", default=None,
-                        help="BxSxHxD[,...] (default: the benchmark shapes, or the tiny one)")
+                        help="BxSxHxD or BxSxHxKVxD[,...] (default: the table's MHA shapes, "
+                             "or the tiny one)")
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--budget_s", type=float, default=None,

@@ -93,8 +93,9 @@ def commands(run: grid_lib.Run, root: paths.PathLike, scale: str, settings: Mapp
         "python": shlex.quote(sys.executable),
         "config": shlex.quote(f"{CONFIG_FILE}:arch={run.arch},variant={run.variant}"),
         "workdir": shlex.quote(f"{os.fspath(root).rstrip('/')}/{run.name}"),
-        "overrides": " ".join(shlex.quote(f"--config.{k}={_format_value(v)}")
-                              for k, v in overrides.items()),
+        # "{root}" in a value names the grid root (e.g. train.init_from of a continued run).
+        "overrides": " ".join(shlex.quote(f"--config.{k}={_format_value(v)}".replace(
+            "{root}", os.fspath(root).rstrip("/"))) for k, v in overrides.items()),
         "arch": run.arch, "variant": run.variant, "seed": str(run.seed),
     }
     return (shlex.split(train_template.format(**fields)),

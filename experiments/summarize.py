@@ -9,6 +9,10 @@ run). Paper numbers come from experiments/paper_tables.json: PPL (and +Param) fr
 own table, gate score / M-Act / F-Attn from Table 4 where the variant is one of its rows.
 Rankings order groups by each metric (lower is better for all four) and, with at least three
 groups that have a paper value, give Spearman's rank correlation with the paper's order.
+A Table 5 grid (experiments/grids/table5.py) adds a long-context section: each continued
+run's `length_eval/length_eval.json` (gated_attention.evaluate_length) as retrieval score and
+perplexity per length, with and without YaRN, beside the paper's RULER numbers at the same
+multiple of the training length; it is also written to `<root>/table5.csv`.
 The root may be local or a bucket: every path is an etils.epath (gated_attention.paths).
 """
 
@@ -223,6 +227,95 @@ def markdown(root: epath.Path, manifest: Mapping[str, Any] | None,
                   for r in bad]
     return "\n".join(lines) + "\n"
 
+TABLE5 = "table5_ruler"
+# (our variant, RoPE scaling evaluated, the paper's row in table5_ruler, title)
+TABLE5_ROWS = (("baseline", "none", "baseline", "baseline"),
+               ("g1_sdpa_elementwise", "none", "g1", "G1 gate"),
+               ("baseline", "yarn", "baseline_yarn", "baseline + YaRN"),
+               ("g1_sdpa_elementwise", "yarn", "g1_yarn", "G1 gate + YaRN"))
+PAPER_TRAIN_LENGTH = 32768  # the paper's continued-training length
+
+
+def _ratio_label(ratio: float) -> str:
+    return f"{ratio:g}x" if ratio >= 1 else f"1/{1 / ratio:g}x"
+
+
+def table5(root: epath.Path, runs: Mapping[str, Mapping[str, Any]],
+           tables: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Retrieval score (x100) and perplexity per length of the continued runs, seeds averaged,
+    beside the paper's RULER score at the same multiple of the training length."""
+    continued = [(name, run) for name, run in runs.items() if run.get("table") == TABLE5
+                 and (run.get("overrides") or {}).get("train.init_from")]
+    if not continued:
+        return None
+    evals = {name: _load_json(root / name / "length_eval" / "length_eval.json")
+             for name, _ in continued}
+    done = [e for e in evals.values() if e]
+    train_lengths = {e["settings"]["train_length"] for e in done}
+    lengths = sorted({int(x) for e in done for x in e["settings"]["lengths"]})
+    paper = tables[TABLE5]
+    paper_at = {length / PAPER_TRAIN_LENGTH: i for i, length in enumerate(paper["lengths"])}
+    train_length = min(train_lengths) if len(train_lengths) == 1 else None
+    rows = []
+    for variant, scaling, paper_name, title in TABLE5_ROWS:
+        members = [evals[name] for name, run in continued
+                   if run.get("variant") == variant and evals[name]]
+        row: dict[str, Any] = {"method": title, "variant": variant, "scaling": scaling,
+                               "seeds": len(members)}
+        for length in lengths:
+            found = [m["results"].get(scaling, {}).get(str(length)) for m in members]
+            found = [f for f in found if f]
+            score = _mean_std([f["retrieval_score"] for f in found])[0]
+            ppl = _mean_std([f.get("perplexity", {}).get("perplexity") for f in found])[0]
+            index = paper_at.get(length / train_length) if train_length else None
+            row[f"score_{length}"] = None if score is None else 100 * score
+            row[f"ppl_{length}"] = ppl
+            row[f"paper_{length}"] = (None if index is None
+                                      else paper["rows"][paper_name][index])
+        rows.append(row)
+    return {"train_length": train_length, "lengths": lengths, "rows": rows,
+            "missing": [name for name, e in evals.items() if not e]}
+
+
+def table5_markdown(result: Mapping[str, Any]) -> list[str]:
+    lengths, train_length = result["lengths"], result["train_length"]
+
+    def head(length: int) -> str:
+        return (f"{length} ({_ratio_label(length / train_length)})" if train_length
+                else str(length))
+
+    header = "| method | seeds | " + " | ".join(head(n) for n in lengths) + " |"
+    rule = "|---|---|" + "---|" * len(lengths)
+    lines = ["", "## Table 5: long context", "",
+             f"Continued runs trained at {train_length} tokens (paper: {PAPER_TRAIN_LENGTH}), "
+             "evaluated at each length with plain RoPE or YaRN. Retrieval: mean exact score "
+             "x100 over the synthetic tasks (passkey, multi-key needle, variable tracking, "
+             "common words); paper: RULER at the same multiple of its training length. "
+             "Cells: ours / paper.", "", header, rule]
+    for row in result["rows"]:
+        cells = [f"{_fmt(row[f'score_{n}'], 1)} / {_fmt(row[f'paper_{n}'], 2)}" for n in lengths]
+        lines.append(f"| {row['method']} | {row['seeds']} | " + " | ".join(cells) + " |")
+    lines += ["", "Held-out perplexity at the same lengths (lower is better):", "", header, rule]
+    for row in result["rows"]:
+        cells = [_fmt(row[f"ppl_{n}"], 3) for n in lengths]
+        lines.append(f"| {row['method']} | {row['seeds']} | " + " | ".join(cells) + " |")
+    by = {(r["variant"], r["scaling"]): r for r in result["rows"]}
+    gated, base = by[("g1_sdpa_elementwise", "yarn")], by[("baseline", "yarn")]
+    beyond = [n for n in lengths if train_length and n > train_length]
+    gaps = []
+    for n in beyond:
+        ours = (None if gated[f"score_{n}"] is None or base[f"score_{n}"] is None
+                else gated[f"score_{n}"] - base[f"score_{n}"])
+        theirs = (None if gated[f"paper_{n}"] is None or base[f"paper_{n}"] is None
+                  else gated[f"paper_{n}"] - base[f"paper_{n}"])
+        gaps.append(f"{head(n)}: ours {_fmt(ours, 1)}, paper {_fmt(theirs, 1)}")
+    if gaps:
+        lines += ["", "G1 + YaRN minus baseline + YaRN beyond the training length (retrieval "
+                  "points): " + "; ".join(gaps) + "."]
+    if result["missing"]:
+        lines += ["", "Not evaluated yet: " + ", ".join(f"`{m}`" for m in result["missing"])]
+    return lines
+
 
 def sink_comparison(groups: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """F-Attn of the synthetic task against Table 4: Spearman's rho over the Table 4 rows we
@@ -329,10 +422,15 @@ def summarize(root: paths.PathLike) -> dict[str, Any]:
     groups = group_rows(rows)
     ranks = rankings(groups)
     manifest = _load_json(root / "runs.json")
-    paths.write_atomic(root / "summary.md", markdown(root, manifest, groups, rows, ranks))
+    text = markdown(root, manifest, groups, rows, ranks)
+    long_context = table5(root, runs, tables)
+    if long_context:
+        text += "\n".join(table5_markdown(long_context)) + "\n"
+        write_csv(root / "table5.csv", long_context["rows"])
+    paths.write_atomic(root / "summary.md", text)
     write_csv(root / "summary.csv", groups)
     write_csv(root / "runs.csv", rows)
-    return {"groups": groups, "runs": rows, "rankings": ranks}
+    return {"groups": groups, "runs": rows, "rankings": ranks, "table5": long_context}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

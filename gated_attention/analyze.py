@@ -39,9 +39,6 @@ def analysis_batches(config: Any, workdir: epath.Path, batch_size: int, num_batc
     from gated_attention import data as data_lib
     from gated_attention.data import pipeline
 
-    if config.data.source == "seqio":
-        inputs = data_lib.build_inputs(config, workdir)
-        return inputs.eval_batches[:num_batches], inputs.tokenizer, "packed seqio eval batches"
     if config.data.source == "bigram_backcopy":
         from gated_attention.data import bigram_backcopy
 
@@ -49,6 +46,10 @@ def analysis_batches(config: Any, workdir: epath.Path, batch_size: int, num_batc
         batches = bigram_backcopy.eval_batches(chain, config.data.seq_len, batch_size,
                                                num_batches, seed=config.data.shuffle_seed)
         return batches, chain, "held-out Bigram-Backcopy sequences (BOS at position 0)"
+    if config.data.source not in data_lib.LOCAL_SOURCES:  # streamed: seqio, tfds, shards
+        inputs = data_lib.build_inputs(config, workdir)
+        return (inputs.eval_batches[:num_batches], inputs.tokenizer,
+                f"packed {config.data.source} eval batches")
     local = pipeline.load_local_data(config.data, config.model.vocab_size, workdir)
     batches = pipeline.analysis_batches(local, config.data, batch_size, num_batches)
     if batches:
@@ -142,8 +143,8 @@ def analyze(workdir: str | os.PathLike[str], *, step: int | None = None, batches
             layers: Sequence[int] | None = None, sink_threshold: float = 0.3,
             exclude_first_query: bool = True) -> dict[str, Any]:
     """Analyse the run in `workdir` (its latest checkpoint unless `step`); returns the result."""
+    from gated_attention import accounting, config_lib, train
     from gated_attention import checkpoint as checkpoint_lib
-    from gated_attention import config_lib, inspect, train
     from gated_attention.analysis import stats
 
     workdir = paths.resolve(workdir)  # local or gs://
@@ -173,7 +174,7 @@ def analyze(workdir: str | os.PathLike[str], *, step: int | None = None, batches
     maps = stats.attention_maps(model, ids, layers)
     stability = stability_section(workdir, config)
     cfg = config_lib.model_config(config)
-    info = inspect.report(cfg, int(config.data.seq_len))
+    info = accounting.report(cfg, int(config.data.seq_len))
     result.update(
         workdir=str(workdir), step=int(step), arch=config.arch, data=description,
         batch_size=batch_size, seq_len=int(config.data.seq_len), add_bos=bool(config.data.add_bos),

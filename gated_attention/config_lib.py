@@ -9,14 +9,18 @@ ConfigDict into the frozen ModelConfig the layers read, validating every field f
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import ml_collections
 
+from gated_attention.accounting import count_params
+from gated_attention.analysis import stability
+from gated_attention.layers.rope import RopeScaling
 from gated_attention.model_config import ModelConfig
 from gated_attention.variants import VARIANTS, AttentionVariant, VariantError, get_variant
 
-# Shapes from SPEC.md / paper_tables.json; `tiny` trains in seconds on a CPU.
+# Shapes from the paper (docs/method.md); `tiny` trains in seconds on a CPU.
 ARCHS: dict[str, dict[str, Any]] = {
     "tiny": dict(vocab_size=1024, num_layers=4, d_model=128, num_heads=4, num_kv_heads=2,
                  head_dim=32, mlp_dim=384, tied_embeddings=True, qk_norm=True),
@@ -55,7 +59,8 @@ ARCH_RUN_DEFAULTS: dict[str, dict[str, Any]] = {
     "moe_15a2b": dict(seq_len=4096, dtype="bfloat16"),
     "sink_tiny": dict(seq_len=64, dtype="float32", source="bigram_backcopy"),
 }
-_MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)} - {"variant", "block_sizes"}
+_MODEL_FIELDS = ({f.name for f in dataclasses.fields(ModelConfig)}
+                 - {"variant", "block_sizes", "rope_scaling"})
 _VARIANT_FIELDS = [f.name for f in dataclasses.fields(AttentionVariant)]
 
 
@@ -71,17 +76,21 @@ def _choice(field: str, value: Any, allowed: Any) -> None:
 
 def model_section(arch: str) -> ml_collections.ConfigDict:
     _choice("arch", arch, ARCHS)
-    fields = dict(
-        tied_embeddings=True, qk_norm=True, zero_centred_norm=False, rope_base=10_000.0,
-        norm_eps=1e-6, dtype=ARCH_RUN_DEFAULTS[arch]["dtype"], attention_impl="auto", remat="none",
-        num_experts=0, experts_per_token=0, expert_mlp_dim=0, moe_renormalize=True,
-        moe_capacity_factor=0.0, moe_impl="ragged",
+    # ModelConfig's own defaults (one default per field), then the arch's shapes.
+    fields = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+              if f.name in _MODEL_FIELDS and f.default is not dataclasses.MISSING}
+    fields.update(
+        dtype=ARCH_RUN_DEFAULTS[arch]["dtype"],
         # Table 2: narrow the FFN of a gated model so its parameter count matches the baseline.
         narrow_ffn_to_match_baseline=False,
+        # Biases on q/k/v and on o_proj (off in the paper; set by Hugging Face imports).
+        qkv_bias=False, o_proj_bias=False,
     )
     fields.update(ARCHS[arch])
     section = ml_collections.ConfigDict(fields)
     section.block_sizes = ml_collections.ConfigDict({"block_q": 0, "block_kv": 0})
+    # Context extension (layers/rope.py, docs/long_context.md): type none|linear|ntk|yarn.
+    section.rope_scaling = ml_collections.ConfigDict(RopeScaling().to_dict())
     return section
 
 
@@ -92,27 +101,40 @@ def attention_section(variant: str) -> ml_collections.ConfigDict:
         raise ConfigError(str(err)) from None
 
 
-DATA_SOURCES = ("cpython_docs", "python_source", "files", "seqio", "bigram_backcopy")
-TOKENIZERS = ("sentencepiece", "byte")
+DATA_SOURCES = ("cpython_docs", "python_source", "files", "seqio", "tfds", "array_record",
+                "bigram_backcopy")
+TOKENIZERS = ("sentencepiece", "byte", "hf")
 SENTENCEPIECE_MODELS = ("unigram", "bpe")
+ON_NONFINITE = ("stop", "skip")
+PACKINGS = ("segments", "concat")  # see gated_attention/data/streams.py
 
 
 def data_section(arch: str) -> ml_collections.ConfigDict:
     """What the model reads. See gated_attention/data/__init__.py for each source."""
     return ml_collections.ConfigDict(dict(
         source=ARCH_RUN_DEFAULTS[arch].get("source", "cpython_docs"),  # one of DATA_SOURCES
-        tokenizer="sentencepiece",  # one of TOKENIZERS; "byte" needs model.vocab_size >= 259
+        tokenizer="sentencepiece",  # one of TOKENIZERS; "byte" needs model.vocab_size >= 259;
+                                    # "hf" reads data.tokenizer_path (a tokenizer.json)
         seq_len=ARCH_RUN_DEFAULTS[arch]["seq_len"],
         add_bos=False,              # a BOS token at the start of every packed segment
         add_eos=True,               # an EOS token at the end of every document
         eval_fraction=0.05,         # share of documents held out (local sources)
-        paths="",                   # source=files: comma-separated paths or globs (.txt/.jsonl)
-        text_key="text",            # source=files: the text field of .jsonl records
+        paths="",                   # source=files: comma-separated paths or globs (.txt/.jsonl);
+                                    # source=array_record: the folder of prepared shards
+        text_key="text",            # source=files: the text field of .jsonl records; tfds: the
+                                    # text feature
         seqio_task="",              # source=seqio: a registered task ("" = the C4 task)
         seqio_eval_split="validation",
-        tfds_data_dir="",           # source=seqio: a prepared tfds data_dir
+        tfds_data_dir="",           # source=seqio/tfds: a prepared tfds data_dir (local, gs://)
+        tfds_name="",               # source=tfds: e.g. "c4/en:3.1.0" (prepared, never downloaded)
+        tfds_train_split="train",   # source=tfds: split names (tfds slicing allowed)
+        tfds_eval_split="validation",
+        packing="segments",         # one of PACKINGS: "segments" = chunks packed with segment
+                                    # ids; "concat" = documents joined with EOS, no segment ids
+        max_epochs=4.0,             # refuse runs repeating the training split more often
         shuffle_seed=0,
-        tokenizer_path="",          # a SentencePiece .model to use instead of training one
+        tokenizer_path="",          # a SentencePiece .model to use instead of training one,
+                                    # or (tokenizer=hf) a Hugging Face tokenizer.json
         sp_model_type="bpe",        # SentencePiece training (one of SENTENCEPIECE_MODELS);
                                     # bpe trains in ~2 s on the docs corpus, unigram in ~20 s
         sp_input_sentence_size=100_000,  # sentences sampled to train SentencePiece
@@ -133,7 +155,15 @@ def train_section() -> ml_collections.ConfigDict:
         z_loss=0.0, moe_aux_weight=0.01, moe_z_loss_weight=0.001,
         # A step's loss is a spike if it exceeds spike_factor x EMA(spike_ema) of the losses
         # before it, after warm-up (see metrics_writer.SpikeDetector).
-        spike_factor=1.5, spike_ema=0.9,
+        spike_factor=stability.SPIKE_FACTOR, spike_ema=stability.EMA_DECAY,
+        # Continued training (init_from.py): a run workdir whose checkpoint's parameters start
+        # this run (fresh optimizer and schedule, step 0, this run's length and RoPE), e.g. a
+        # shorter run, or one written by `python -m gated_attention.convert from_hf`;
+        # init_from_step 0 = its latest checkpoint.
+        init_from="", init_from_step=0,
+        # A step with a non-finite loss or gradient is never applied; then "stop" ends the
+        # run (non-zero exit), "skip" goes on and stops after max_skipped such steps in a row.
+        on_nonfinite="stop", max_skipped=10,
     ))
 
 
@@ -176,17 +206,57 @@ def variant_from_config(config: ml_collections.ConfigDict) -> AttentionVariant:
         raise ConfigError(f"attention: {err}") from None
 
 
+def variant_label(config: ml_collections.ConfigDict) -> str:
+    """The variant's name as the fields say: the paper variant `config.attention` was copied
+    from (attention.name), then "+field=value" for each axis set apart from it."""
+    variant = variant_from_config(config)
+    base = variant.name.split("+")[0]
+    reference = VARIANTS.get(base, AttentionVariant(name=base))
+    changed = [f"{k}={getattr(variant, k)}" for k in _VARIANT_FIELDS
+               if k != "name" and getattr(variant, k) != getattr(reference, k)]
+    return "+".join([base, *changed])
+
+
+def check_labels(config: ml_collections.ConfigDict) -> None:
+    """`config.variant` and `config.arch` name what the fields hold, so they cannot disagree.
+
+    The variant label is derived from config.attention (an axis override renames it, e.g.
+    `g1_sdpa_elementwise+activation=silu`); a label set apart from the fields (an override
+    of config.variant alone) is refused. config.arch names the defaults the model section
+    started from; it is refused when the fields are exactly another architecture's (the
+    command line refuses any --config.arch override, see main.py).
+    """
+    label = variant_label(config)
+    if config.variant not in (label.split("+")[0], label):
+        raise ConfigError(
+            f"config.variant={config.variant!r} disagrees with config.attention, which holds "
+            f"{label!r}; the label follows the fields: choose the variant in the config string "
+            "(configs/ablation.py:variant=NAME) or override config.attention.<field>")
+    if config.variant != label:
+        try:
+            config.variant = label
+        except (AttributeError, TypeError, ValueError):
+            pass  # a frozen config: checked above, left as it is
+    _choice("arch", config.arch, ARCHS)
+    same = [name for name, fields in ARCHS.items()
+            if all(config.model.get(k) == v for k, v in fields.items())]
+    if same and config.arch not in same:
+        raise ConfigError(
+            f"config.arch={config.arch!r} disagrees with config.model, which holds the "
+            f"{same[0]!r} architecture; choose the arch in the config string "
+            "(configs/ablation.py:arch=NAME) and override config.model.<field> for the rest")
+
+
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     """The frozen ModelConfig for a run config, validated (raises ConfigError, never compiles)."""
     _choice("arch", config.arch, ARCHS)
     variant = variant_from_config(config)
-    from gated_attention.ops import IMPLS
-
-    _choice("model.attention_impl", config.model.attention_impl, IMPLS)
     fields = {k: config.model[k] for k in _MODEL_FIELDS if k in config.model}
     block_sizes = tuple((k, int(v)) for k, v in config.model.block_sizes.items() if v)
     try:
-        cfg = ModelConfig(variant=variant, block_sizes=block_sizes, **fields)
+        rope_scaling = rope_scaling_from_config(config.model.get("rope_scaling"))
+        cfg = ModelConfig(variant=variant, block_sizes=block_sizes, rope_scaling=rope_scaling,
+                          **fields)
     except (ValueError, VariantError) as err:
         raise ConfigError(str(err)) from None
     if config.model.get("narrow_ffn_to_match_baseline", False):
@@ -194,10 +264,63 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     return cfg
 
 
+def rope_scaling_from_config(section: ml_collections.ConfigDict | None) -> RopeScaling:
+    """`config.model.rope_scaling` as a validated RopeScaling (absent in older run configs)."""
+    if section is None:
+        return RopeScaling()
+    allowed = [f.name for f in dataclasses.fields(RopeScaling)]
+    unknown = set(section.keys()) - set(allowed)
+    if unknown:
+        raise ConfigError(f"model.rope_scaling.{sorted(unknown)[0]} is not a field; allowed: "
+                          f"{', '.join(allowed)}")
+    return RopeScaling(**dict(section))
+
+
+def init_from_steps(source: str) -> list[int]:
+    """The checkpoint steps of the run at `source` (train.init_from), oldest first."""
+    from gated_attention import paths
+
+    directory = paths.resolve(source) / "checkpoints"
+    if not directory.exists():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def check_init_from(config: ml_collections.ConfigDict, cfg: ModelConfig) -> None:
+    """train.init_from must be a run workdir with checkpoints (train.init_from_step among them;
+    0 = the latest) whose parameters have exactly this model's names and shapes: checked from
+    both configs, abstractly, before anything is compiled or written."""
+    import json
+
+    from flax import nnx
+
+    from gated_attention import paths
+    from gated_attention.model import abstract_model
+
+    source, step = str(config.train.init_from), int(config.train.get("init_from_step", 0))
+    saved, steps = paths.resolve(source) / "config.json", init_from_steps(source)
+    _check(saved.exists() and bool(steps), f"train.init_from={source!r} is not a run workdir "
+           "with checkpoints (e.g. a shorter run of this model, or one written by "
+           "`python -m gated_attention.convert from_hf`)")
+    _check(step >= 0, f"train.init_from_step={step} must be >= 0 (0 = the latest checkpoint)")
+    _check(not step or step in steps, f"train.init_from_step={step} is not among the "
+           f"checkpoints of {source}: {steps}")
+    theirs = model_config(ml_collections.ConfigDict(json.loads(saved.read_text())))
+
+    def shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+        state = nnx.state(abstract_model(model_cfg), nnx.Param)
+        return {".".join(map(str, path)): tuple(v.get_value().shape)
+                for path, v in nnx.to_flat_state(state)}
+
+    ours, source_shapes = shapes(cfg), shapes(theirs)
+    for name in sorted(set(ours) | set(source_shapes)):
+        _check(ours.get(name) == source_shapes.get(name),
+               f"train.init_from={source!r} has parameter {name} of shape "
+               f"{source_shapes.get(name)}, this model needs {ours.get(name)}")
+
+
 def narrow_ffn_to_match_baseline(cfg: ModelConfig) -> ModelConfig:
     """Shrink mlp_dim so the gated model has (about) the baseline's parameters, as in Table 2."""
-    from gated_attention.inspect import count_params
-
     baseline = cfg.replace(variant=VARIANTS["baseline"])
     extra = count_params(cfg) - count_params(baseline)
     per_unit = 3 * cfg.d_model * cfg.num_layers  # one FFN column in every layer
@@ -224,11 +347,25 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def check_epochs(config: ml_collections.ConfigDict, data_summary: dict[str, Any]
+                 ) -> float | None:
+    """The epoch guard (data.max_epochs), once the training split's size is known from the
+    data summary and before compiling; returns the epochs asked (data/epochs.py)."""
+    from gated_attention.data import epochs
+
+    try:
+        return epochs.check(config, data_summary)
+    except epochs.EpochBudgetError as err:
+        raise ConfigError(str(err)) from None
+
+
 def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
     """Check every data/train/optimizer field (and the model via model_config) before compiling.
 
     Returns the ModelConfig; raises ConfigError naming the field and its allowed values.
+    The variant label is brought in line with the fields first (check_labels).
     """
+    check_labels(config)
     cfg = model_config(config)
     data, train, opt = config.data, config.train, config.optimizer
     _choice("data.source", data.source, DATA_SOURCES)
@@ -237,6 +374,10 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
     _check(data.seq_len >= 2, f"data.seq_len={data.seq_len} must be >= 2")
     _check(0.0 < data.eval_fraction < 1.0,
            f"data.eval_fraction={data.eval_fraction} must be in (0, 1)")
+    _choice("data.packing", data.packing, PACKINGS)
+    _check(data.packing != "concat" or data.add_eos, "data.packing='concat' joins documents "
+           "with EOS: it needs data.add_eos=True")
+    _check(data.max_epochs > 0, f"data.max_epochs={data.max_epochs} must be > 0")
     _check(data.sp_input_sentence_size > 0,
            f"data.sp_input_sentence_size={data.sp_input_sentence_size} must be > 0")
     if data.tokenizer == "byte":
@@ -245,6 +386,17 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
         _check(cfg.vocab_size >= BYTE_VOCAB_SIZE,
                f"data.tokenizer='byte' needs model.vocab_size >= {BYTE_VOCAB_SIZE} (256 bytes "
                f"+ pad, bos, eos); got {cfg.vocab_size}")
+    elif data.tokenizer == "hf" and not (data.source == "array_record"
+                                         and not data.tokenizer_path):  # the shards' own
+        _check(bool(data.tokenizer_path), "data.tokenizer='hf' needs data.tokenizer_path (a "
+               "tokenizer.json file)")
+        from gated_attention.data import hf_tokenizer
+
+        try:  # reads the file once: the vocab check comes before any compile or write
+            hf_tokenizer.check_vocab(hf_tokenizer.HFTokenizer(data.tokenizer_path),
+                                     cfg.vocab_size)
+        except hf_tokenizer.HFTokenizerError as err:
+            raise ConfigError(str(err)) from None
     elif data.source not in ("seqio", "bigram_backcopy"):
         _check(cfg.vocab_size >= 64, f"model.vocab_size={cfg.vocab_size} must be >= 64 for a "
                "SentencePiece tokenizer")
@@ -261,11 +413,32 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
                f" - 3 = {cfg.vocab_size - 3} (BOS and two other tokens stay non-triggers)")
         _check(data.backcopy_alpha > 0,
                f"data.backcopy_alpha={data.backcopy_alpha} must be > 0 (Dirichlet concentration)")
+    if data.tokenizer_path:
+        from gated_attention.paths import resolve
+
+        _check(resolve(data.tokenizer_path).exists(),
+               f"data.tokenizer_path={data.tokenizer_path!r} does not exist (a tokenizer file: "
+               "SentencePiece .model or tokenizer.json; leave it empty to train one)")
+    if data.source == "files":
+        import glob
+
+        for part in filter(None, (p.strip() for p in data.paths.split(","))):
+            _check(not is_local(part) or bool(glob.glob(os.path.expanduser(part))),
+                   f"data.paths: {part!r} matches no file (comma-separated paths or globs of "
+                   ".txt / .jsonl files)")
     if data.source == "seqio":
-        _check(bool(data.tokenizer_path), "data.source='seqio' needs data.tokenizer_path (a "
-               "SentencePiece .model file with model.vocab_size pieces)")
+        _check(bool(data.tokenizer_path or data.seqio_task), "data.source='seqio' needs "
+               "data.tokenizer_path (a SentencePiece .model file with model.vocab_size pieces) "
+               "or data.seqio_task (a registered task, which brings its vocabulary)")
         _check(data.tokenizer == "sentencepiece", "data.source='seqio' reads a SentencePiece "
                f"vocabulary; data.tokenizer must be 'sentencepiece', not {data.tokenizer!r}")
+    if data.source in ("tfds", "array_record", "seqio"):
+        from gated_attention.data import sources
+
+        try:  # the dataset, shards or task exist, and the shards match the tokenizer
+            sources.check(config)
+        except ValueError as err:
+            raise ConfigError(str(err).strip().splitlines()[0]) from None
 
     _check(train.steps > 0, f"train.steps={train.steps} must be > 0")
     _check(train.batch_size > 0, f"train.batch_size={train.batch_size} must be > 0")
@@ -280,8 +453,13 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
            f"train.keep_checkpoints={train.keep_checkpoints} must be >= 1")
     for name in ("z_loss", "moe_aux_weight", "moe_z_loss_weight"):
         _check(train[name] >= 0, f"train.{name}={train[name]} must be >= 0")
+    if train.get("init_from"):  # the other run's parameters must fit this model
+        check_init_from(config, cfg)
     _check(train.spike_factor > 1.0, f"train.spike_factor={train.spike_factor} must be > 1")
     _check(0.0 <= train.spike_ema < 1.0, f"train.spike_ema={train.spike_ema} must be in [0, 1)")
+    _choice("train.on_nonfinite", train.get("on_nonfinite", "stop"), ON_NONFINITE)
+    _check(train.get("max_skipped", 1) >= 1,
+           f"train.max_skipped={train.get('max_skipped')} must be >= 1")
 
     _check(opt.peak_lr > 0, f"optimizer.peak_lr={opt.peak_lr} must be > 0")
     _check(0 <= opt.final_lr <= opt.peak_lr,

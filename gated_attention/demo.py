@@ -169,7 +169,7 @@ def write_report(workdir: pathlib.Path, results: dict[str, dict[str, Any]],
         "## What this run can and cannot show",
         "",
         f"- Massive activations: the gated model's are {m_ratio:.2f}x smaller than the "
-        "baseline's. This effect appears within minutes of training (anchors: 1.7-3.6x at a "
+        "baseline's. This effect appears within minutes of training (1.7-3.6x at a "
         "few million tokens) and grows with training.",
         f"- Gate scores start at 0.5 (sigmoid of ~0) and fall slowly; here the mean is "
         f"{gated['gate_score_mean']:.3f} (the paper's fully trained value is 0.116).",

@@ -25,6 +25,7 @@ from typing import Any
 from jax.sharding import PartitionSpec
 
 from gated_attention import sharding
+from gated_attention.accounting import gate_width, param_leaves
 from gated_attention.model_config import ModelConfig
 
 GiB = 1024**3
@@ -58,22 +59,11 @@ def _split(dim: int, axes: Any, axis_sizes: Mapping[str, int]) -> int:
 def parameter_bytes(cfg: ModelConfig, axis_sizes: Mapping[str, int],
                     rules: sharding.Rules = sharding.LOGICAL_RULES) -> int:
     """float32 parameter bytes held by one device (the largest shard of each weight)."""
-    from gated_attention.inspect import _param_leaves
-
     total = 0
-    for _, shape, names in _param_leaves(cfg):
+    for _, shape, names in param_leaves(cfg):
         spec = sharding.fit_spec(sharding.logical_to_spec(names, rules), shape, axis_sizes)
         total += math.prod(shape) // sharding.shard_factor(spec, axis_sizes) * PARAM_BYTES
     return total
-
-
-def _gate_width(cfg: ModelConfig) -> int:
-    from gated_attention.inspect import _param_leaves
-
-    for name, shape, _ in _param_leaves(cfg):
-        if name.startswith("layers.0.attention.gate.") and name.endswith("kernel"):
-            return math.prod(shape[1:])
-    return 0
 
 
 def activation_bytes_per_token(cfg: ModelConfig, axis_sizes: Mapping[str, int], seq_len: int,
@@ -88,7 +78,7 @@ def activation_bytes_per_token(cfg: ModelConfig, axis_sizes: Mapping[str, int], 
     t_f = _split(ffn, table.get("mlp"), axis_sizes)
     t_v = _split(cfg.vocab_size, table.get("vocab"), axis_sizes)
     D, hd, kd = cfg.d_model, heads * cfg.head_dim / t_h, kv_heads * cfg.head_dim / t_kv
-    G, F = _gate_width(cfg) / t_h, ffn / t_f
+    G, F = gate_width(cfg) / t_h, ffn / t_f
     everything = p * (5 * D + 6 * hd + 6 * kd + 2 * G + 3 * F) + 4 * heads / t_h
     if cfg.attention_impl == "xla":
         everything += 4 * heads / t_h * seq_len

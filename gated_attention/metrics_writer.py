@@ -14,6 +14,7 @@ import json
 import math
 import os
 import time
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,23 +41,37 @@ class SpikeDetector:
         self.ema = state.get("ema")
 
 
-def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def read_jsonl(path: str | os.PathLike[str], *, torn_tail: str = "error"
+               ) -> list[dict[str, Any]]:
     """Records of a metrics.jsonl file (one JSON object a line, blank lines skipped); [] if absent.
 
-    A line that is not JSON is an error naming the file and line, never silently dropped.
+    A line that is not JSON is an error naming the file and line, never silently dropped;
+    except, with torn_tail="drop", an unfinished last line (a run killed mid-write), which
+    is dropped with a warning. Values written as null (non-finite numbers) read as NaN.
     """
     path = paths.resolve(path)
     if not path.exists():
         return []
+    text = path.read_text()
+    lines = text.splitlines()
+    torn = bool(text) and not text.endswith("\n")  # every complete record ends its line
     records = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            records.append(json.loads(line, object_hook=_nulls_as_nan))
         except json.JSONDecodeError as err:
+            if torn and number == len(lines) and torn_tail == "drop":
+                warnings.warn(f"{path}:{number}: dropped an unfinished last line (the run was "
+                              "stopped while writing it)", stacklevel=2)
+                continue
             raise ValueError(f"{path}:{number} is not JSON ({err.msg})") from None
     return records
+
+
+def _nulls_as_nan(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: float("nan") if v is None else v for k, v in record.items()}
 
 
 class MetricsWriter:
@@ -87,16 +102,17 @@ class MetricsWriter:
 
     def _truncate_after(self, step: int) -> None:
         """Drop records past the checkpoint a run resumes from: they are recomputed exactly."""
-        records = read_jsonl(self.path)
+        text = self.path.read_text() if self.path.exists() else ""
+        records = read_jsonl(self.path, torn_tail="drop")
         kept = [r for r in records if r.get("step", 0) <= step]
-        if len(kept) != len(records):
-            paths.write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        if len(kept) != len(records) or (text and not text.endswith("\n")):
+            paths.write_atomic(self.path, "".join(_dumps(r) for r in kept))
 
     def write(self, step: int, values: Mapping[str, Any], *, kind: str = "train") -> None:
         if not self.enabled:
             return
         record = {"step": int(step), "kind": kind, **{k: _plain(v) for k, v in values.items()}}
-        self._pending.append(json.dumps(record) + "\n")
+        self._pending.append(_dumps(record))
         if self._local or time.monotonic() - self._last_flush >= self.remote_flush_seconds:
             self._write_pending()
         for name, value in values.items():
@@ -158,5 +174,12 @@ def _route_remote_events_through_epath() -> None:
 
 def _plain(value: Any) -> Any:
     if hasattr(value, "item"):
-        return value.item()
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # strict JSON has no NaN or Infinity
     return value
+
+
+def _dumps(record: Mapping[str, Any]) -> str:
+    """One strict-JSON line (non-finite numbers as null)."""
+    return json.dumps({k: _plain(v) for k, v in record.items()}, allow_nan=False) + "\n"

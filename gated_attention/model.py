@@ -8,16 +8,11 @@ from flax import nnx
 
 from gated_attention.capture import validate_capture
 from gated_attention.layers.block import DecoderBlock
+from gated_attention.layers.kv_cache import KVCache
 from gated_attention.layers.norms import RMSNorm
 from gated_attention.layers.params import cast, param
-from gated_attention.model_config import ModelConfig
+from gated_attention.model_config import REMAT_POLICIES, ModelConfig
 from gated_attention.sharding import constrain
-
-REMAT_POLICIES = {
-    "full": None,
-    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
-}
 
 
 class Transformer(nnx.Module):
@@ -35,9 +30,14 @@ class Transformer(nnx.Module):
     def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
                  segment_ids: jax.Array | None = None,
                  capture: frozenset[str] | tuple[str, ...] = frozenset(),
+                 kv_caches: list[KVCache] | None = None,
                  ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """kv_caches: one per layer when decoding (gated_attention/generate.py)."""
         cfg = self.cfg
         capture = validate_capture(capture)
+        if capture and kv_caches is not None:
+            raise ValueError("capture needs the whole sequence; run the model over the finished "
+                             "text instead of capturing while decoding with kv_caches")
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
         # FSDP: gather the table's embed dimension before the lookup (as for every weight), so
@@ -46,8 +46,10 @@ class Transformer(nnx.Module):
         x = jnp.take(table, tokens, axis=0).astype(cfg.compute_dtype)
         x = constrain(x, ("batch", "length", "embed"))
         aux_total: dict[str, jax.Array] = {}
-        for block in self.layers:
-            if cfg.remat != "none" and not capture:
+        for i, block in enumerate(self.layers):
+            if kv_caches is not None:
+                x, aux = block(x, positions, segment_ids, capture, kv_caches[i])
+            elif cfg.remat != "none" and not capture:
                 policy = REMAT_POLICIES[cfg.remat]
                 run = nnx.remat(lambda blk, *a: blk(*a), policy=policy)
                 x, aux = run(block, x, positions, segment_ids)

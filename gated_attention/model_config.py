@@ -1,6 +1,8 @@
 """The model's own description: a frozen dataclass built once from the ml_collections config.
 
 Layers read this, never the ml_collections config, so they can be built from a notebook too.
+Its field defaults are the only ones: `config_lib.model_section` starts from them, and every
+model field is checked here, once.
 """
 
 from __future__ import annotations
@@ -8,12 +10,23 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
+from gated_attention.layers.moe_ops import MOE_IMPLS
+from gated_attention.layers.rope import NO_SCALING, RopeScaling
+from gated_attention.ops import IMPLS as ATTENTION_IMPLS
 from gated_attention.variants import AttentionVariant
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-REMAT_POLICIES = ("none", "full", "dots_with_no_batch_dims_saveable", "nothing_saveable")
+# model.remat -> the jax.checkpoint policy of each decoder block ("full" saves only the block
+# input); "none" runs without rematerialisation.
+REMAT_POLICIES = {
+    "full": None,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+}
+REMAT_CHOICES = ("none", *REMAT_POLICIES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,11 +41,15 @@ class ModelConfig:
     variant: AttentionVariant = AttentionVariant(name="baseline")
     tied_embeddings: bool = True
     qk_norm: bool = True
+    # Biases on the q/k/v projections and on o_proj (off in the paper; Qwen-style imports).
+    qkv_bias: bool = False
+    o_proj_bias: bool = False
     zero_centred_norm: bool = False
     rope_base: float = 10_000.0
+    rope_scaling: RopeScaling = NO_SCALING  # base change, linear, NTK-aware or YaRN
     norm_eps: float = 1e-6
     dtype: str = "float32"
-    attention_impl: str = "xla"
+    attention_impl: str = "auto"  # one of ops.IMPLS; "auto" picks per compile target
     block_sizes: tuple[tuple[str, int], ...] = ()
     remat: str = "none"
     # Mixture of experts: num_experts == 0 means a dense SwiGLU FFN.
@@ -73,11 +90,18 @@ class ModelConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"model.dtype={self.dtype!r} is not allowed; choose one of "
                              f"{', '.join(DTYPES)}")
-        if self.remat not in REMAT_POLICIES:
+        if self.remat not in REMAT_CHOICES:
             raise ValueError(f"model.remat={self.remat!r} is not allowed; choose one of "
-                             f"{', '.join(REMAT_POLICIES)}")
+                             f"{', '.join(REMAT_CHOICES)}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"model.attention_impl={self.attention_impl!r} is not allowed; "
+                             f"choose one of {', '.join(ATTENTION_IMPLS)}")
         if self.head_dim % 2:
             raise ValueError(f"model.head_dim={self.head_dim} must be even for RoPE")
+        if self.qkv_bias and self.variant.switch_target != "none":
+            raise ValueError("model.qkv_bias=True needs plain k/v projections; variant "
+                             f"{self.variant.name!r} uses Switch-Head projections (switch_target="
+                             f"{self.variant.switch_target!r})")
         self.heads  # noqa: B018 - validates GQA divisibility after the variant's deltas
         if self.variant.extra_experts and not self.is_moe:
             raise ValueError(f"variant {self.variant.name!r} adds experts, which needs an MoE "
@@ -89,6 +113,9 @@ class ModelConfig:
                                  f"1..num_experts={self.num_experts}")
             if self.expert_mlp_dim <= 0:
                 raise ValueError("model.expert_mlp_dim must be > 0 for an MoE arch")
-            from gated_attention.layers.moe import validate_moe
-
-            validate_moe(self)  # moe_impl and moe_capacity_factor
+            if self.moe_impl not in MOE_IMPLS:
+                raise ValueError(f"model.moe_impl={self.moe_impl!r} is not allowed; choose one "
+                                 f"of {', '.join(MOE_IMPLS)}")
+            if self.moe_capacity_factor < 0:
+                raise ValueError(f"model.moe_capacity_factor={self.moe_capacity_factor} must "
+                                 "be >= 0 (0 means dropless)")

@@ -8,23 +8,27 @@ rest of the devices) and may override rules (`config.mesh.rules="vocab=,mlp=tens
 On a multi-slice pod the `dcn_*` sizes say how many slices each axis spans; the mesh is then
 built with `mesh_utils.create_hybrid_device_mesh` so only the outer axes cross the slow
 data-centre network.
+
+The rules are flax's logical partitioning rules: `logical_rules` enters flax's
+`logical_axis_rules` context and `logical_to_spec` is flax's `logical_to_mesh_axes` (rules in
+priority order; a rule whose mesh axis an earlier dimension already took is skipped). What
+flax lacks is kept here: validation of names and axes, `mesh.rules` overrides from a string,
+and dropping a mesh axis that does not divide a dimension (`fit_spec`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
+from flax import linen as flax_linen
 from flax import nnx
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-from gated_attention.layers.params import logical_axes
 
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
 DCN_KEYS = tuple(f"dcn_{axis}" for axis in MESH_AXES)
@@ -51,8 +55,13 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("switch_expert", None),
 )
 
-_ACTIVE_RULES: contextvars.ContextVar[Rules] = contextvars.ContextVar(
-    "gated_attention_rules", default=LOGICAL_RULES)
+
+
+def logical_axes(var: nnx.Variable) -> tuple[str | None, ...]:
+    """The logical axis names a parameter was created with (flax renamed the metadata key)."""
+    meta = var.get_metadata()
+    names = meta.get("out_sharding") or meta.get("sharding_names") or meta.get("sharding")
+    return tuple(names or ())
 
 
 # ----------------------------------------------------------------------------- mesh shape
@@ -178,18 +187,18 @@ def rules_from_config(mesh_config: Mapping[str, Any] | None) -> Rules:
 
 @contextlib.contextmanager
 def logical_rules(rules: Rules) -> Iterator[None]:
-    """Use `rules` for `constrain` calls traced inside this block (default LOGICAL_RULES)."""
+    """Use `rules` for everything traced inside this block (flax's `logical_axis_rules`)."""
     _validate_rules(rules)
-    token = _ACTIVE_RULES.set(tuple(rules))
-    try:
+    with nnx.logical_axis_rules(tuple(rules)):
         yield
-    finally:
-        _ACTIVE_RULES.reset(token)
 
 
 def active_rules() -> Rules:
-    """The rules `constrain` uses now: those of the innermost `logical_rules` block."""
-    return _ACTIVE_RULES.get()
+    """The rules in force: those of the innermost `logical_rules` block, else LOGICAL_RULES.
+
+    `constrain`, the attention kernels' shard_map and the MoE layer's read them here.
+    """
+    return tuple(flax_linen.get_logical_axis_rules()) or LOGICAL_RULES
 
 
 def logical_to_spec(names: Sequence[str | None] | None,
@@ -197,17 +206,7 @@ def logical_to_spec(names: Sequence[str | None] | None,
     """PartitionSpec for logical names; a mesh axis is used at most once per array."""
     if not names:
         return PartitionSpec()
-    table = dict(rules)
-    used: set[str] = set()
-    spec = []
-    for name in names:
-        axes = table.get(name) if name else None
-        axes_tuple = (axes,) if isinstance(axes, str) else tuple(axes or ())
-        axes_tuple = tuple(a for a in axes_tuple if a not in used)
-        used.update(axes_tuple)
-        spec.append(None if not axes_tuple else axes_tuple[0] if len(axes_tuple) == 1
-                    else axes_tuple)
-    return PartitionSpec(*spec)
+    return flax_linen.logical_to_mesh_axes(tuple(names), tuple(rules))
 
 
 def fit_spec(spec: PartitionSpec, shape: Sequence[int],
@@ -239,6 +238,9 @@ def shard_factor(spec: PartitionSpec, axis_sizes: Mapping[str, int]) -> int:
 def state_shardings(state: Any, mesh: Mesh, rules: Rules = LOGICAL_RULES) -> Any:
     """NamedShardings for an nnx.State (or any pytree of Variables) from their logical names.
 
+    Kept beside flax's `nnx.get_named_sharding`, which neither replicates dimensions a mesh
+    axis does not divide nor uses a mesh axis at most once per array.
+
     Optimizer moments built by optax from an nnx.State of Params keep each Param's metadata,
     so they shard like their parameter; plain arrays (step counters) are replicated.
     """
@@ -262,6 +264,9 @@ def batch_sharding(mesh: Mesh, rules: Rules = LOGICAL_RULES) -> NamedSharding:
 def constrain(x: jax.Array, logical_names: Sequence[str | None]) -> jax.Array:
     """Pin an activation's layout by its logical names when traced under `jax.set_mesh`.
 
+    Kept beside flax's `with_logical_constraint`, which constrains eager arrays and shard_map
+    bodies too and does not replicate dimensions a mesh axis does not divide.
+
     A no-op outside a mesh, inside shard_map, and for eager (untraced) arrays, so
     single-device code and notebooks run unchanged. Axes that do not divide a dimension are
     left replicated.
@@ -277,39 +282,3 @@ def constrain(x: jax.Array, logical_names: Sequence[str | None]) -> jax.Array:
     spec = fit_spec(logical_to_spec(logical_names, active_rules()), x.shape,
                     dict(mesh.shape))
     return jax.lax.with_sharding_constraint(x, spec)
-
-
-def shard_map_attention(kernel: Any, q: jax.Array, k: jax.Array, v: jax.Array,
-                        optional: Mapping[str, jax.Array | None]) -> jax.Array:
-    """Run an attention kernel per device under `shard_map` when traced under a mesh.
-
-    A Pallas call is not partitioned by XLA: without this every device would gather q/k/v and
-    run the whole kernel. Batch is split as the "batch" rule says and heads as "heads"; heads
-    stay whole when the kv heads cannot be split the same way (GQA groups must stay local).
-    `optional` holds gate [b,s,h(,d)], segment_ids [b,s] and sink_logits [h], or None.
-    `kernel(q, k, v, **optional)` is called on the local blocks.
-    """
-    mesh = jax.sharding.get_abstract_mesh()
-    traced = isinstance(q, jax.core.Tracer)
-    if mesh.empty or not traced or jax.sharding.AxisType.Manual in mesh.axis_types:
-        return kernel(q, k, v, **optional)
-    rules = active_rules()
-    sizes = dict(mesh.shape)
-    batch_axes = fit_spec(logical_to_spec(("batch",), rules), q.shape[:1], sizes)[0]
-    heads_axes = fit_spec(logical_to_spec(("heads",), rules), q.shape[2:3], sizes)[0]
-    kv_axes = fit_spec(logical_to_spec(("heads",), rules), k.shape[2:3], sizes)[0]
-    if heads_axes != kv_axes:
-        heads_axes = None
-    qkv_spec = PartitionSpec(batch_axes, None, heads_axes, None)
-    specs = {"gate": PartitionSpec(batch_axes, None, heads_axes),  # trailing head_dim whole
-             "segment_ids": PartitionSpec(batch_axes, None),
-             "sink_logits": PartitionSpec(heads_axes)}
-    present = {name: x for name, x in optional.items() if x is not None}
-    absent = {name: None for name, x in optional.items() if x is None}
-
-    def local(q, k, v, present):
-        return kernel(q, k, v, **present, **absent)
-
-    in_specs = (qkv_spec, qkv_spec, qkv_spec, {n: specs[n] for n in present})
-    return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=qkv_spec,
-                         check_vma=False)(q, k, v, present)

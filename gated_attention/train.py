@@ -17,6 +17,8 @@ import dataclasses
 import json
 import math
 import os
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,12 +30,14 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gated_attention import checkpoint as checkpoint_lib
-from gated_attention import config_lib, distributed, losses, optim, paths, sharding
+from gated_attention import config_lib, distributed, interrupts, losses, optim, paths, sharding
 from gated_attention import metrics_writer as metrics_lib
 from gated_attention import workdir as workdir_lib
 from gated_attention.model import Transformer
+from gated_attention.workdir_lock import WorkdirLock
 
 State = dict[str, Any]
+FINITE_GROUPS = "finite_groups"  # per-parameter gradient finiteness, read only after a bad step
 MOE_LOSSES = (("moe_load_balance_loss", "moe_aux_weight"), ("moe_z_loss", "moe_z_loss_weight"))
 
 
@@ -100,9 +104,16 @@ def _loss_fn(graphdef: nnx.GraphDef, config: Any) -> Callable[..., Any]:
 
 
 def make_train_step(graphdef: nnx.GraphDef, config: Any,
-                    tx: optax.GradientTransformation | None = None
+                    tx: optax.GradientTransformation | None = None, *,
+                    guard_nonfinite: bool = True
                     ) -> Callable[[State, Mapping[str, jax.Array]], tuple[State, dict]]:
     """A pure `step(state, batch) -> (state, metrics)`: one optimizer update.
+
+    A step whose loss or gradients are not all finite leaves params and optimizer state as
+    they were (the step counter still advances); metrics["finite"] says so, and
+    metrics["finite_groups"] holds one flag per parameter (in `parameter_names` order).
+    guard_nonfinite=False applies every update unchecked (benchmarks/fault_overhead.py
+    measures the guard's cost against it).
 
     With train.grad_accum = k the batch is cut into k micro-batches (rows i, i+k, ...: each
     micro-batch stays spread over every data shard) whose gradients are averaged in a scan.
@@ -132,11 +143,28 @@ def make_train_step(graphdef: nnx.GraphDef, config: Any,
     def step(state: State, batch: Mapping[str, jax.Array]) -> tuple[State, dict]:
         params = state["params"]
         (loss, info), grads = gradients(params, batch)
-        updates, opt_state = tx.update(grads, state["opt_state"], params)
-        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
-                   "lr": schedule(state["step"]), **info}
-        new_state = {"params": optax.apply_updates(params, updates), "opt_state": opt_state,
-                     "step": state["step"] + 1}
+        # Non-finite loss or gradients: the update is dropped here, on the device; the host
+        # learns of it from `finite` when it next reads the metrics (no extra sync). A
+        # gradient's sum of squares is non-finite iff the gradient is (or it overflows, a
+        # norm above ~1e19: no step to apply either), and the norm needs those sums anyway.
+        squares = [jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)]
+        group_finite = jnp.isfinite(jnp.stack(squares))
+        grad_norm = jnp.sqrt(sum(squares))
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
+        def update(params, opt_state):
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        new_params, opt_state = update(params, state["opt_state"])
+        if guard_nonfinite:  # a select fused into the update's elementwise loops: no extra pass
+            keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+            new_params = jax.tree.map(keep, new_params, params)
+            opt_state = jax.tree.map(keep, opt_state, state["opt_state"])
+        metrics = {"loss": loss, "grad_norm": grad_norm,
+                   "lr": schedule(state["step"]), **info,
+                   "finite": finite, FINITE_GROUPS: group_finite}
+        new_state = {"params": new_params, "opt_state": opt_state, "step": state["step"] + 1}
         return new_state, metrics
 
     return step
@@ -190,134 +218,376 @@ def check_batch_layout(config: Any, mesh: Mesh, rules: sharding.Rules) -> None:
             "train.grad_accum or config.mesh")
 
 
-def _replay_spikes(detector: metrics_lib.SpikeDetector, path: os.PathLike[str], upto: int) -> None:
-    for record in metrics_lib.read_jsonl(path):
-        if record.get("kind") == "train" and record["step"] <= upto:
-            detector.update(record["step"], record["loss"])
+def parameter_names(params: Any) -> list[str]:
+    """Dotted names of the parameter leaves ("layers.0.attention.q_proj.kernel"), leaf order."""
+
+    def name(path: tuple[Any, ...]) -> str:
+        parts = [str(getattr(p, "key", getattr(p, "name", getattr(p, "idx", p)))) for p in path]
+        return ".".join(parts).removesuffix(".value")
+
+    return [name(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)]
 
 
-def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False,
-        progress: bool = True, stop_after: int | None = None,
-        devices: list[Any] | None = None) -> dict[str, Any]:
-    """Train (or resume) the run in `workdir`; returns the last train and eval metrics.
+class NonFiniteError(RuntimeError):
+    """Training met a non-finite loss or gradient and train.on_nonfinite says to stop."""
 
-    stop_after: leave the loop after that many steps, as if killed (tests use it).
-    devices: the devices of the mesh (default: all).
+
+# ----------------------------------------------------------------------------- the run
+# `run` is four steps: prepare (every check, then claim the workdir), restore_or_init,
+# train_loop, finish. Each is a function of the PreparedRun the first one returns.
+
+
+@dataclasses.dataclass
+class PreparedRun:
+    config: Any
+    workdir: Any                  # epath.Path, local or in a bucket
+    mode: str                     # "new", "resume" or "extend" (workdir.prepare)
+    primary: bool
+    mesh: Mesh
+    rules: sharding.Rules
+    data_sharding: NamedSharding
+    inputs: Any                   # data.Inputs
+    tx: optax.GradientTransformation
+    spec: TrainStateSpec
+    ckpt: checkpoint_lib.Checkpointer
+    lock: WorkdirLock
+    staging: tempfile.TemporaryDirectory | None = None
+
+    def close(self) -> None:
+        try:
+            self.ckpt.close()
+        finally:
+            self.lock.release()
+            if self.staging is not None:
+                self.staging.cleanup()
+
+
+def check_run(config: Any, devices: list[Any] | None = None
+              ) -> tuple[Any, Mesh, sharding.Rules]:
+    """Every check that needs neither data nor a compile: (ModelConfig, mesh, rules).
+
+    The one place a run's config is validated; raises ConfigError naming the field.
     """
+    cfg = config_lib.validate_run_config(config)
+    try:
+        rules = _rules(config)
+        mesh = sharding.create_mesh(config.mesh, devices)
+    except ValueError as err:
+        if isinstance(err, config_lib.ConfigError):
+            raise
+        count = len(devices) if devices is not None else jax.device_count()
+        raise config_lib.ConfigError(f"config.mesh does not fit the {count} devices: "
+                                     f"{_one_line(err)}") from None
+    check_batch_layout(config, mesh, rules)
+    return cfg, mesh, rules
+
+
+def _load_inputs(config: Any, target: Any, shard_index: int, shard_count: int) -> Any:
+    """The run's data; a mistake in the data settings becomes a one-line ConfigError."""
     from gated_attention import data as data_lib
 
-    cfg = config_lib.validate_run_config(config)
+    try:
+        inputs = data_lib.build_inputs(config, target, process_index=shard_index,
+                                       process_count=shard_count)
+    except config_lib.ConfigError:
+        raise
+    except (ValueError, KeyError, FileNotFoundError) as err:
+        raise config_lib.ConfigError(f"data: {_one_line(err)}") from None
+    held_out = (inputs.summary or {}).get("held_out", {}).get("tokens")
+    seq_len = config.data.seq_len
+    if config.train.eval_batches and held_out is not None and held_out < seq_len + 1:
+        raise config_lib.ConfigError(
+            f"data.seq_len={seq_len} is longer than the whole held-out split ({held_out} "
+            "tokens): lower data.seq_len, raise data.eval_fraction, or set "
+            "train.eval_batches=0")
+    data_lib.check_epochs(config, inputs)  # before compiling: data.max_epochs
+    return inputs
+
+
+def _one_line(err: BaseException | str) -> str:
+    text = str(err)
+    if isinstance(err, KeyError) and err.args:
+        text = str(err.args[0])
+    return " ".join(text.split())
+
+
+def prepare(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False,
+            devices: list[Any] | None = None) -> PreparedRun:
+    """Check everything, then claim the workdir: nothing is written before every check passed.
+
+    The data of a new run is built in a temporary folder first (a glob matching nothing or a
+    held-out split too short fails there), then copied into the workdir once it is claimed.
+    """
+    _, mesh, rules = check_run(config, devices)
     primary = jax.process_index() == 0
     workdir = paths.resolve(workdir)  # local, or a bucket (gs://...)
-    workdir_lib.prepare(workdir, config, overwrite=overwrite, is_primary=primary,
-                        barrier=distributed.barrier)
-    mesh = sharding.create_mesh(config.mesh, devices)
-    rules = _rules(config)
-    check_batch_layout(config, mesh, rules)
-    train_cfg = config.train
+    mode = workdir_lib.check(workdir, config, overwrite=overwrite)
     data_sharding = sharding.batch_sharding(mesh, rules)
     # This host reads the rows of the global batch its devices hold; hosts holding the same
     # rows (the batch replicated over them, e.g. tensor parallelism across hosts) read the
     # same examples.
-    shard_index, shard_count = distributed.data_shard(data_sharding, train_cfg.batch_size)
-
-    inputs = data_lib.build_inputs(config, workdir, process_index=shard_index,
-                                   process_count=shard_count)
-    tx = optim.make_optimizer(config.optimizer, train_cfg.steps)
+    shard_index, shard_count = distributed.data_shard(data_sharding, config.train.batch_size)
+    staging, inputs = None, None
+    if mode == "new":
+        staging = tempfile.TemporaryDirectory(prefix="gated_attention_data_")
+        inputs = _load_inputs(config, staging.name, shard_index, shard_count)
+    lock = WorkdirLock(workdir)
+    try:
+        mode = workdir_lib.prepare(workdir, config, overwrite=overwrite, is_primary=primary,
+                                   barrier=distributed.barrier,
+                                   lock=lock if primary else None)
+        if inputs is None:  # a run of ours: its own tokenizer copy is the one to use
+            inputs = _load_inputs(config, workdir, shard_index, shard_count)
+        elif primary:
+            for name in sorted(os.listdir(staging.name)):
+                paths.write_atomic(workdir / name, (paths.resolve(staging.name) / name
+                                                    ).read_bytes())
+    except BaseException:
+        lock.release()
+        if staging is not None:
+            staging.cleanup()
+        raise
+    tx = optim.make_optimizer(config.optimizer, config.train.steps)
     spec = train_state_spec(config, mesh, tx)
-    ckpt = checkpoint_lib.Checkpointer(workdir, keep=train_cfg.keep_checkpoints,
-                                       async_save=train_cfg.async_checkpoint)
-    start = ckpt.latest_step() or 0
-    if start:
-        target = checkpoint_lib.abstract_with_shardings(spec.abstract, spec.shardings)
-        state = ckpt.restore(start, target, inputs.train)
-        print(f"Resumed {workdir} from its checkpoint at step {start}.")
-    else:
-        with jax.set_mesh(mesh):
-            state = spec.init()
+    ckpt = checkpoint_lib.Checkpointer(workdir, keep=config.train.keep_checkpoints,
+                                       async_save=config.train.async_checkpoint)
+    return PreparedRun(config, workdir, mode, primary, mesh, rules, data_sharding, inputs, tx,
+                       spec, ckpt, lock, staging)
 
-    step_fn = jit_train_step(make_train_step(spec.graphdef, config, tx), mesh, spec.shardings,
-                             rules)
-    eval_jit = jax.jit(make_eval_step(spec.graphdef),
-                       in_shardings=(spec.shardings["params"], data_sharding))
-    eval_batches = [distributed.global_batch(b, data_sharding, train_cfg.batch_size)
-                    for b in inputs.eval_batches]
+
+def restore_or_init(run: PreparedRun, *, log: Callable[[str], None] = print
+                    ) -> tuple[State, int]:
+    """(state, step) to train from: the newest usable checkpoint of this run, else a new init.
+
+    A damaged checkpoint is reported and moved aside by the checkpointer, which then falls
+    back to the one before; with none left the run starts from step 0 (the data iterator is
+    put back to its start, since a half-read checkpoint may have moved it).
+    """
+    steps = run.config.train.steps
+    start_position = run.inputs.train.get_state()
+    target = checkpoint_lib.abstract_with_shardings(run.spec.abstract, run.spec.shardings)
+    had_checkpoints = bool(run.ckpt.all_steps())
+    found = run.ckpt.restore_latest(target, run.inputs.train, log=log)
+    if found is not None:
+        step, state = found
+        log(f"Resumed {run.workdir} from its checkpoint at step {step}.")
+        if run.mode == "extend":
+            log(f"train.steps grew to {steps}: continuing from step {step}, with the "
+                f"learning-rate schedule of a {steps}-step run from here on.")
+        return state, step
+    run.inputs.train.set_state(start_position)
+    if had_checkpoints:
+        log(f"No usable checkpoint left in {run.workdir}: training again from step 0.")
+    with jax.set_mesh(run.mesh):
+        state = run.spec.init()
+    from gated_attention.init_from import initial_state  # train.init_from, if set
+
+    return initial_state(run.config, state, run.spec), 0
+
+
+class _PendingMetrics:
+    """Step metrics still on the device. They are read together at log, checkpoint and stop
+    points (one host sync for many steps), checked for non-finite steps, then written."""
+
+    def __init__(self, run: PreparedRun, writer: metrics_lib.MetricsWriter, start: int):
+        train_cfg = run.config.train
+        self.writer, self.train_cfg = writer, train_cfg
+        self.names = parameter_names(run.spec.abstract["params"])
+        self.tokens_per_step = train_cfg.batch_size * run.config.data.seq_len
+        self.spikes = metrics_lib.SpikeDetector(train_cfg.spike_factor, train_cfg.spike_ema,
+                                                run.config.optimizer.warmup_steps)
+        self.skipped_in_row = 0
+        for record in metrics_lib.read_jsonl(writer.path, torn_tail="drop"):
+            if record.get("kind") == "train" and record["step"] <= start:
+                self.spikes.update(record["step"], record["loss"])
+                self.skipped_in_row = self.skipped_in_row + 1 if record.get("skipped") else 0
+        self.pending: list[tuple[int, dict, jax.Array]] = []
+        self.last: dict[str, Any] = {"step": start}
+        self.timer_start: float | None = None
+        self.timed_steps = 0
+
+    def add(self, step: int, metrics: dict) -> None:
+        groups = metrics.pop(FINITE_GROUPS)
+        self.pending.append((step, metrics, groups))
+        if self.timer_start is None:  # the first step compiles: time from its end
+            jax.block_until_ready(metrics)
+            self.timer_start = time.perf_counter()
+        else:
+            self.timed_steps += 1
+
+    def rate(self) -> float:
+        elapsed = time.perf_counter() - (self.timer_start or 0.0)
+        return (self.tokens_per_step * self.timed_steps / elapsed if self.timed_steps
+                else float("nan"))
+
+    def write(self) -> None:
+        """Read and write every pending step; NonFiniteError when the run must stop."""
+        if not self.pending:
+            return
+        fetched = jax.device_get([m for _, m, _ in self.pending])
+        rate = self.rate()
+        pending, self.pending = self.pending, []
+        for (step, _, groups), values in zip(pending, fetched):
+            finite = bool(values.pop("finite"))
+            record = {k: float(v) for k, v in values.items()}
+            problem = None
+            if finite:
+                self.skipped_in_row = 0
+            else:
+                problem = self._describe(step, groups)
+                record["skipped"] = 1
+                self.skipped_in_row += 1
+            record["loss_spike"] = self.spikes.update(step, record["loss"])
+            record["tokens_per_sec"] = rate
+            self.writer.write(step, record)
+            self.last = {"step": step, **record}
+            if problem is None:
+                continue
+            if self.train_cfg.on_nonfinite == "stop":
+                raise NonFiniteError(f"{problem}; train.on_nonfinite='stop' ends the run (lower "
+                                     "optimizer.peak_lr, or set train.on_nonfinite='skip')")
+            if self.skipped_in_row >= self.train_cfg.max_skipped:
+                raise NonFiniteError(f"{problem}; {self.skipped_in_row} steps in a row were "
+                                     f"skipped (train.max_skipped={self.train_cfg.max_skipped})"
+                                     ": the run stops (lower optimizer.peak_lr)")
+            print(f"{problem}: update skipped ({self.skipped_in_row} in a row).",
+                  file=sys.stderr)
+
+    def _describe(self, step: int, groups: jax.Array) -> str:
+        flags = jax.device_get(groups)  # read only now that the step is known to be bad
+        bad = [name for name, ok in zip(self.names, flags) if not ok]
+        where = f"first in the gradient of {bad[0]}" if bad else "in the loss"
+        return f"step {step}: non-finite loss or gradients ({where})"
+
+
+@dataclasses.dataclass
+class LoopResult:
+    state: State
+    step: int                          # the last step trained
+    train: dict[str, Any]              # the last train record
+    eval: dict[str, Any] | None        # the last held-out evaluation of this call
+    stopped_by: str | None = None      # the signal that ended the loop early
+
+
+def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = True,
+               stop_after: int | None = None,
+               stop: interrupts.StopRequest | None = None) -> LoopResult:
+    """Train from `start` to train.steps: steps, metrics, evals, checkpoints, signals.
+
+    stop_after: leave the loop after that many steps, as if killed (tests use it).
+    stop: the signal catcher (default: one installed for the loop alone).
+    """
+    config, train_cfg = run.config, run.config.train
+    step_fn = jit_train_step(make_train_step(run.spec.graphdef, config, run.tx), run.mesh,
+                             run.spec.shardings, run.rules)
+    eval_jit = jax.jit(make_eval_step(run.spec.graphdef),
+                       in_shardings=(run.spec.shardings["params"], run.data_sharding))
+    eval_batches = [distributed.global_batch(b, run.data_sharding, train_cfg.batch_size)
+                    for b in run.inputs.eval_batches]
 
     def eval_fn(params, batch):
-        with jax.set_mesh(mesh), sharding.logical_rules(rules):
+        with jax.set_mesh(run.mesh), sharding.logical_rules(run.rules):
             return eval_jit(params, batch)
 
-    writer = metrics_lib.MetricsWriter(workdir, enabled=primary, resume_step=start)
-    spikes = metrics_lib.SpikeDetector(train_cfg.spike_factor, train_cfg.spike_ema,
-                                       config.optimizer.warmup_steps)
-    _replay_spikes(spikes, writer.path, start)
-    tokens_per_step = train_cfg.batch_size * config.data.seq_len
-    last: dict[str, Any] = {"step": start}
+    writer = metrics_lib.MetricsWriter(run.workdir, enabled=run.primary, resume_step=start)
+    metrics = _PendingMetrics(run, writer, start)
     last_eval: dict[str, Any] | None = None
-
     bar = None
-    if progress and primary and start < train_cfg.steps:
+    if progress and run.primary and start < train_cfg.steps:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=train_cfg.steps, initial=start, unit="step", dynamic_ncols=True,
-                   desc=f"{config.arch}/{cfg.variant.name}")
-    pending: list[tuple[int, dict]] = []
-    timer_start, timed_steps = None, 0
+                   desc=f"{config.arch}/{config.variant}")
     end = train_cfg.steps if stop_after is None else min(train_cfg.steps, start + stop_after)
-    for step in range(start, end):
-        batch = distributed.global_batch(next(inputs.train), data_sharding,
-                                         train_cfg.batch_size)
-        state, metrics = step_fn(state, batch)
-        done = step + 1
-        pending.append((done, metrics))
-        if timer_start is None:  # the first step compiles: time from its end
-            jax.block_until_ready(metrics)
-            timer_start = time.perf_counter()
-        else:
-            timed_steps += 1
-        if done % train_cfg.log_every == 0 or done == train_cfg.steps:
-            fetched = jax.device_get([m for _, m in pending])
-            elapsed = time.perf_counter() - timer_start
-            rate = tokens_per_step * timed_steps / elapsed if timed_steps else float("nan")
-            for (s, _), m in zip(pending, fetched):
-                record = {k: float(v) for k, v in m.items()}
-                record["loss_spike"] = spikes.update(s, record["loss"])
-                record["tokens_per_sec"] = rate
-                writer.write(s, record)
-                last = {"step": s, **record}
-            pending = []
+    done, stopped_by = start, None
+    own_stop = stop is None
+    stop = interrupts.StopRequest().install() if own_stop else stop
+    try:
+        for step in range(start, end):
+            batch = distributed.global_batch(next(run.inputs.train), run.data_sharding,
+                                             train_cfg.batch_size)
+            state, step_metrics = step_fn(state, batch)
+            done = step + 1
+            metrics.add(done, step_metrics)
+            at_log = done % train_cfg.log_every == 0 or done == train_cfg.steps
+            at_checkpoint = done == train_cfg.steps or bool(
+                train_cfg.checkpoint_every and done % train_cfg.checkpoint_every == 0)
+            stopping = stop.should_stop(done, sync_point=at_log or at_checkpoint)
+            if at_log or at_checkpoint or stopping:
+                metrics.write()  # pending records go out with every checkpoint
+                if bar is not None:
+                    bar.set_postfix(loss=f"{metrics.last['loss']:.3f}",
+                                    tok_s=f"{metrics.last['tokens_per_sec']:,.0f}")
             if bar is not None:
-                bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{rate:,.0f}")
+                bar.update(1)
+            if train_cfg.eval_every and eval_batches and (  # due even when stopping
+                    done % train_cfg.eval_every == 0 or done == train_cfg.steps):
+                last_eval = {"step": done,
+                             **evaluate(eval_fn, state["params"], eval_batches)}
+                writer.write(done, {k: v for k, v in last_eval.items() if k != "step"},
+                             kind="eval")
+                if bar is not None:
+                    bar.write(f"step {done}: held-out loss {last_eval['loss']:.4f}, "
+                              f"perplexity {last_eval['perplexity']:.2f}")
+            if at_checkpoint or stopping:
+                run.ckpt.save(done, state, run.inputs.train)
+                writer.flush()  # a bucket's metrics.jsonl is rewritten here, not every step
+            if stopping:
+                stopped_by = stop.signal_name
+                break
+    finally:
+        if own_stop:
+            stop.uninstall()
         if bar is not None:
-            bar.update(1)
-        if train_cfg.eval_every and eval_batches and (
-                done % train_cfg.eval_every == 0 or done == train_cfg.steps):
-            last_eval = {"step": done, **evaluate(eval_fn, state["params"], eval_batches)}
-            writer.write(done, {k: v for k, v in last_eval.items() if k != "step"}, kind="eval")
-            if bar is not None:
-                bar.write(f"step {done}: held-out loss {last_eval['loss']:.4f}, "
-                          f"perplexity {last_eval['perplexity']:.2f}")
-        if done == train_cfg.steps or (train_cfg.checkpoint_every
-                                       and done % train_cfg.checkpoint_every == 0):
-            ckpt.save(done, state, inputs.train)
-            writer.flush()  # a bucket's metrics.jsonl is rewritten here, not at every step
-    if bar is not None:
-        bar.close()
-    ckpt.close()
-    writer.close()
-    records = metrics_lib.read_jsonl(writer.path) if "loss" not in last or last_eval is None \
-        else []
+            bar.close()
+        writer.close()
+    return LoopResult(state, done, metrics.last, last_eval, stopped_by)
+
+
+def finish(run: PreparedRun, result: LoopResult) -> dict[str, Any]:
+    """The run's summary (also `summary.json` once train.steps are done)."""
+    train_cfg = run.config.train
+    last, last_eval = result.train, result.eval
+    records = (metrics_lib.read_jsonl(run.workdir / "metrics.jsonl")
+               if "loss" not in last or last_eval is None else [])
     if "loss" not in last:  # nothing trained now (the run was finished): report the log's end
         trains = [r for r in records if r.get("kind") == "train"]
         last = trains[-1] if trains else last
     if last_eval is None:
         evals = [r for r in records if r.get("kind") == "eval"]
         last_eval = evals[-1] if evals else None
-    summary = {"workdir": str(workdir), "steps": train_cfg.steps, "train": last,
+    summary = {"workdir": str(run.workdir), "steps": train_cfg.steps, "train": last,
                "eval": last_eval}
-    if primary and end == train_cfg.steps:
-        paths.write_atomic(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    if run.primary and result.step == train_cfg.steps:
+        paths.write_atomic(run.workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False,
+        progress: bool = True, stop_after: int | None = None,
+        devices: list[Any] | None = None) -> dict[str, Any]:
+    """Train (or resume, or extend) the run in `workdir`; returns the last train and eval metrics.
+
+    stop_after: leave the loop after that many steps, as if killed (tests use it).
+    devices: the devices of the mesh (default: all).
+    Raises ConfigError / WorkdirError before anything is written; NonFiniteError when the
+    loss diverges (train.on_nonfinite); interrupts.Interrupted after SIGINT / SIGTERM, once
+    the checkpoint of the step reached is saved.
+    """
+    prepared = prepare(config, workdir, overwrite=overwrite, devices=devices)
+    try:
+        with interrupts.StopRequest() as stop:  # a signal from here on stops after a step
+            state, start = restore_or_init(prepared)
+            result = train_loop(prepared, state, start, progress=progress,
+                                stop_after=stop_after, stop=stop)
+    finally:
+        prepared.close()
+    if result.stopped_by is not None:
+        raise interrupts.Interrupted(
+            f"stopped by {result.stopped_by} at step {result.step}, after saving its "
+            f"checkpoint in {prepared.workdir}; the same command resumes the run",
+            result.stopped_by)
+    return finish(prepared, result)
 
 
 def load_params(workdir: str | os.PathLike[str], config: Any | None = None,

@@ -2,7 +2,7 @@
 
 A variant is a small frozen dataclass validated once at construction. It is interpreted in
 exactly two places (layers/gates.py and layers/attention.py); nothing else branches on it.
-The general form of a gate is `Y' = Y (op) act(X W)` (SPEC.md), so each axis of variation
+The general form of a gate is `Y' = Y (op) act(X W)` (docs/method.md), so each axis of variation
 is one field here.
 """
 
@@ -12,15 +12,17 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+# Kernel vocabularies live with the kernels (ops/); a variant only chooses among them.
+from gated_attention.ops import GATE_ACTIVATIONS as ACTIVATIONS
+from gated_attention.ops import NORMALIZERS
+
 GATE_POSITIONS = ("none", "sdpa", "value", "key", "query", "dense_output")
 POSITION_ALIASES = {"G1": "sdpa", "G2": "value", "G3": "key", "G4": "query", "G5": "dense_output"}
 GRANULARITIES = ("elementwise", "headwise")
 SHARINGS = ("head_specific", "head_shared")
 COMBINES = ("multiply", "add")
-ACTIVATIONS = ("sigmoid", "silu", "identity", "ns_sigmoid")
 GATE_INPUTS = ("hidden", "constant")
 SDPA_TRANSFORMS = ("none", "silu", "rmsnorm")
-NORMALIZERS = ("softmax", "softmax_off_by_one", "learned_sink", "softpick")
 SWITCH_TARGETS = ("none", "v", "kv")
 
 
@@ -36,7 +38,7 @@ def _check_choice(field: str, value: Any, allowed: Iterable[str]) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class AttentionVariant:
-    """One point of the paper's variant space (see SPEC.md, "The variant space").
+    """One point of the paper's variant space (docs/method.md, "The variant space").
 
     Gate fields only matter when `gate_position != "none"`; architecture deltas
     (`q_heads_multiplier`, `kv_heads_multiplier`, `extra_experts`, `sandwich_norm`,

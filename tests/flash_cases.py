@@ -9,6 +9,8 @@ inputs. Errors are max|kernel - reference| / max|reference| per array.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 from collections.abc import Callable
 from types import ModuleType
 
@@ -17,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gated_attention import ops, sharding
 from gated_attention.data.packing import random_segment_ids
 from gated_attention.ops import reference
 from gated_attention.ops.block_sizes import block_sizes_for
@@ -78,7 +81,8 @@ def _value_and_grads(attention_fn, case: Case, inputs: dict, kwargs: dict):
                            sink_logits=args["sink"], segment_ids=inputs["segment_ids"],
                            gate_activation=case.activation, causal=case.causal,
                            normalizer=case.normalizer, **kwargs)
-        return jnp.sum(out.astype(jnp.float64) * inputs["probe"]), out
+        probe = inputs["probe"]
+        return jnp.sum(out.astype(probe.dtype) * probe), out
 
     diff = {n: inputs[n] for n in names}
     if not case.grads:
@@ -87,12 +91,21 @@ def _value_and_grads(attention_fn, case: Case, inputs: dict, kwargs: dict):
     return out, grads
 
 
-def errors(attention_fn, case: Case, seed: int = 0, **kwargs) -> dict[str, float]:
-    """Relative max errors of the output and every gradient vs the float64 reference."""
+def errors(attention_fn, case: Case, seed: int = 0, x64: bool = True,
+           **kwargs) -> dict[str, float]:
+    """Relative max errors of the output and every gradient vs the float64 reference.
+
+    x64=False traces and runs the kernel with jax_enable_x64 off (jax's splash kernel does not
+    trace under it); the reference always runs in float64.
+    """
     inputs = make_inputs(case, seed)
-    compiled = jax.jit(lambda x: _value_and_grads(attention_fn, case, x, kwargs)).lower(
-        inputs).compile(compiler_options=FAST_COMPILE)
-    out, grads = compiled(inputs)
+    with jax.enable_x64(x64):
+        kernel_inputs = inputs if x64 else jax.tree.map(
+            lambda x: x if x is None or x.dtype != jnp.float64 else x.astype(jnp.float32),
+            inputs)
+        compiled = jax.jit(lambda x: _value_and_grads(attention_fn, case, x, kwargs)).lower(
+            kernel_inputs).compile(compiler_options=FAST_COMPILE)
+        out, grads = compiled(kernel_inputs)
     as64 = {n: (v if v is None or n in ("segment_ids", "probe") else v.astype(jnp.float64))
             for n, v in inputs.items()}
     ref_out, ref_grads = _value_and_grads(reference.attention, case, as64, {})
@@ -110,9 +123,9 @@ def _rel(x: jax.Array, ref: jax.Array) -> float:
 # ----------------------------------------------------------------------------- one per backend
 
 
-def check_case(attention_fn, case: Case) -> None:
+def check_case(attention_fn, case: Case, x64: bool = True) -> None:
     """Output and gradients within the case's tolerance of the float64 reference."""
-    errs = errors(attention_fn, case,
+    errs = errors(attention_fn, case, x64=x64,
                   block_sizes=dict(block_q=case.block_q, block_kv=case.block_kv))
     assert set(errs) >= {"out", "dq", "dk", "dv"} or not case.grads
     bad = {name: err for name, err in errs.items() if not err <= case.tol}
@@ -143,8 +156,11 @@ def lowered_text(kernel_module: ModuleType, kind: str, platform: str, seq: int,
 
     grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 5)))
     text = grads.trace(q, kv, kv, gate, seg, sink).lower(lowering_platforms=(platform,)).as_text()
-    for kernel in ("gated_flash_fwd", "gated_flash_dq", "gated_flash_dkv"):
+    # the GPU backward adds dq atomically inside the dk/dv kernel unless told to split it
+    split = not getattr(kernel_module, "DQ_BY_ATOMICS", False)
+    for kernel in ("gated_flash_fwd", "gated_flash_dkv") + (("gated_flash_dq",) * split):
         assert kernel in text
+    assert ("gated_flash_dq" in text) == split
     return text
 
 
@@ -158,3 +174,68 @@ def check_refusals(attention_fn: Callable) -> None:
     k = jnp.zeros((1, 32, 2, 64), jnp.float32)
     with pytest.raises(ValueError, match="equal query and key lengths"):
         attention_fn(q, k, k)
+
+
+# ----------------------------------------------------------------------------- TPU targets
+
+
+@functools.cache
+def tpu_topology(name: str):
+    """A deviceless TPU topology (libtpu), e.g. "v5e:2x2": real Mosaic compiles on a CPU.
+
+    Several processes on one machine may load libtpu for compiling only; without this switch
+    the second one fails on libtpu's lock file.
+    """
+    from jax.experimental import topologies
+
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    return topologies.get_topology_desc(topology_name=name, platform="tpu")
+
+
+def tpu_compiled_text(topology: str, *, impl: str = "pallas_tpu", normalizer: str = "softmax",
+                      gate: str | None = "elementwise", activation: str = "sigmoid",
+                      segments: bool = True, heads: int = 4, kv_heads: int = 2,
+                      seq: int = 1024, head_dim: int = 128, grads: bool = True,
+                      **attention_kwargs) -> str:
+    """Optimized HLO of `ops.attention` (forward, or forward + backward) compiled for a TPU.
+
+    Batch one sequence per chip, split over the mesh's data axis, as a training step has it;
+    tile sizes and interpret mode resolve for the TPU target (compiling_for), not the host.
+    """
+    devices = tpu_topology(topology).devices
+    mesh = sharding.create_mesh(dict(data=len(devices), fsdp=1, tensor=1, expert=1),
+                                devices=devices)
+    batch = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    b, bf16 = len(devices), jnp.bfloat16
+    gate_shape = {"elementwise": (b, seq, heads, head_dim), "headwise": (b, seq, heads)}
+    args = dict(
+        q=jax.ShapeDtypeStruct((b, seq, heads, head_dim), bf16, sharding=batch),
+        k=jax.ShapeDtypeStruct((b, seq, kv_heads, head_dim), bf16, sharding=batch),
+        v=jax.ShapeDtypeStruct((b, seq, kv_heads, head_dim), bf16, sharding=batch),
+        gate=(jax.ShapeDtypeStruct(gate_shape[gate], bf16, sharding=batch) if gate else None),
+        segment_ids=(jax.ShapeDtypeStruct((b, seq), jnp.int32, sharding=batch)
+                     if segments else None),
+        sink_logits=(jax.ShapeDtypeStruct((heads,), jnp.float32, sharding=whole)
+                     if normalizer == "learned_sink" else None),
+    )
+
+    def loss(args):
+        out = ops.attention(args["q"], args["k"], args["v"], gate=args["gate"],
+                            segment_ids=args["segment_ids"], sink_logits=args["sink_logits"],
+                            gate_activation=activation, normalizer=normalizer, impl=impl,
+                            **attention_kwargs)
+        return jnp.sum(out.astype(jnp.float32))
+
+    differentiable = {n: x for n, x in args.items() if n != "segment_ids"}
+
+    def step(args):
+        if not grads:
+            return loss(args)
+        return jax.grad(lambda d: loss({**args, **d}))(
+            {n: args[n] for n in differentiable if args[n] is not None})
+
+    # jax's splash kernel does not trace with jax_enable_x64 on (the tests' default)
+    with ops.compiling_for("tpu"), jax.set_mesh(mesh), jax.enable_x64(impl != "splash"):
+        compiled = jax.jit(step).lower(args).compile()
+    return compiled.as_text()

@@ -1,7 +1,7 @@
 """An independent float64 numpy implementation of the paper's attention layer, for tests.
 
-Written from SPEC.md's formulas, sharing no code with the package: projections, the gates at
-G1-G5, QK-norm, RoPE, the four normalisers, GQA, causal and segment masks, o_proj.
+Written from the formulas of docs/method.md, sharing no code with the package: projections,
+the gates at G1-G5, QK-norm, RoPE, the four normalisers, GQA, causal and segment masks, o_proj.
 """
 
 from __future__ import annotations

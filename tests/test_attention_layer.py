@@ -1,4 +1,4 @@
-"""Every gate position and axis of the attention layer against the numpy formula (SPEC.md)."""
+"""Every gate position and axis of the attention layer against the numpy formulas."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -63,7 +63,7 @@ def test_head_shared_gate_is_mean_of_head_logits():
 
 
 def test_gate_parameter_shapes_follow_score_shapes():
-    """Score shapes of SPEC.md: G1 n x q x d_k, G2/G3 n x k x d_k, G5 n x D, headwise n x q."""
+    """Score shapes: G1 n x q x d_k, G2/G3 n x k x d_k, G5 n x D, headwise n x q."""
     shapes = {}
     for name in ("g1_sdpa_elementwise", "g2_value_elementwise", "g3_key_elementwise",
                  "g4_query_elementwise", "g5_dense_output", "g1_sdpa_headwise",

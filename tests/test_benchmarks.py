@@ -1,8 +1,9 @@
-"""benchmarks/: the block-size sweep and the one-call device session, rehearsed on a CPU.
+"""benchmarks/: the table, the block-size sweep and the one-call device session, on a CPU.
 
-The sweep runs through benchmarks/device_session.sh with SMALL=1 (tiny shape and candidates,
-kernels interpreted) while `attention.py --check --small` runs beside it, so the code paths a
-GPU session will take run here first. Both start once per module, in parallel.
+The sweep and the table run through benchmarks/device_session.sh with SMALL=1 (tiny shapes
+and candidates, kernels interpreted) while `attention.py --check --small` runs beside it, so
+the code paths a GPU session will take run here first. Both start once per module, in
+parallel.
 """
 
 import json
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,9 +32,9 @@ ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHON": sys.exec
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The session's sweep step and the --small check, run side by side."""
+    """The session's sweep and table steps and the --small check, run side by side."""
     out = tmp_path_factory.mktemp("session")
-    session = subprocess.Popen(["bash", str(SESSION), "sweep"], cwd=ROOT, text=True,
+    session = subprocess.Popen(["bash", str(SESSION), "sweep", "table"], cwd=ROOT, text=True,
                                env={**ENV, "OUT": str(out), "SMALL": "1"},
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     check = subprocess.Popen([sys.executable, str(BENCH / "attention.py"), "--check", "--small"],
@@ -97,23 +99,26 @@ def test_session_script_is_shellcheck_clean_and_parses():
     assert result.returncode == 0, result.stderr
 
 
-def test_dry_run_prints_the_gpu_commands(tmp_path):
+def test_dry_run_prints_the_gpu_commands_inside_the_budget(tmp_path):
     env = {**ENV, "OUT": str(tmp_path), "DRY_RUN": "1", "PYTHON": "python3"}
     result = subprocess.run(["bash", str(SESSION)], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=30)
     assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    commands = [line.split("): ", 1)[1] for line in lines if line.startswith("=== ")]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("=== ")]
+    commands = [line.split("): ", 1)[1] for line in lines]
     train = ("python3 benchmarks/train_step.py --arch=dense_1p7b_28l --seq_len=4096 --batch=4 "
              "--dtype=bfloat16 --remat=dots_with_no_batch_dims_saveable --steps=10 --warmup=2")
     assert commands[0] == "nvidia-smi"
-    assert commands[2:] == [
-        "python3 benchmarks/attention.py --check",
-        f"python3 benchmarks/sweep_blocks.py --budget_s=170 --out={tmp_path}/sweep.json",
-        f"python3 benchmarks/attention.py --block_sizes={tmp_path}/sweep.json",
+    assert commands[2:] == [  # the table and the train step first, the sweep last
+        "python3 benchmarks/attention.py",
         f"{train} --variants=baseline",
         f"{train} --variants=g1_sdpa_elementwise",
+        f"{train} --variants=g1_sdpa_headwise",
+        "python3 benchmarks/attention.py --check",
+        f"python3 benchmarks/sweep_blocks.py --budget_s=30 --out={tmp_path}/sweep.json",
     ]
+    caps = [int(line.split("(timeout ", 1)[1].split(" s)")[0]) for line in lines]
+    assert sum(caps) <= 540, caps  # the default BUDGET_S: no step is starved by design
     result = subprocess.run(["bash", str(SESSION), "nonsense"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and "unknown step" in result.stderr
@@ -127,3 +132,42 @@ def test_check_retries_a_case_that_fails_with_small_tiles(monkeypatch, capsys):
     assert len(rows) == 2
     assert "failed: ValueError" in rows[0] and "must be >= 16" in rows[0]
     assert "(retry with SAFE_BLOCKS)" in rows[1] and rows[1].endswith("| ok |")
+
+
+def test_table_small_has_every_row_baselines_first(runs):
+    rc, _ = runs["session"]
+    text = (runs["out"] / "table.txt").read_text()
+    assert rc == 0, text
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ")
+            and "B1 " in line]
+    names = [r[0].lstrip("| ") for r in rows]
+    assert names[:3] == ["cuDNN (jax.nn.dot_product_attention)",
+                         "cuDNN + unfused elementwise gate", "jax Pallas Triton mha"]
+    assert names[-1] == "XLA reference (jit)"
+    assert "pallas_gpu, gated elementwise + segment ids" in names
+    for name, row in zip(names, rows):
+        if name.startswith("cuDNN"):
+            assert row[3] == "needs a GPU"
+            continue
+        assert float(row[3]) > 0 and float(row[5]) > 0, row  # fwd and fwd+bwd TFLOP/s
+        assert float(row[6].rstrip(" |")) < 2e-2, row  # bf16 error vs the XLA reference
+    assert "import grain" not in (BENCH / "attention.py").read_text()
+
+
+def test_packed_rows_count_each_document_not_the_whole_row():
+    shape = attention.Shape(1, 4096, 16, 16, 128)
+    whole = 4 * 16 * 4096 ** 2 * 128 / 2  # 4 B H S^2 D / 2, by hand
+    assert attention.causal_flops(shape) == whole
+    four_docs = attention.packed_segment_ids(1, 4096)
+    assert attention.causal_flops(shape, four_docs) == whole / 4  # 4 x (S/4)^2
+    uneven = np.array([[0] * 1000 + [1] * 3096])
+    assert attention.causal_flops(shape, uneven) == whole * (1000 ** 2 + 3096 ** 2) / 4096 ** 2
+
+
+def test_xla_is_not_timed_at_16k_and_triton_mha_not_with_gqa():
+    rows = {r.name: r for r in attention._implementations("gpu", small=False)}
+    xla, mha = rows["XLA reference (jit)"], rows["jax Pallas Triton mha"]
+    long, gqa = attention.FULL_SHAPES[2], attention.FULL_SHAPES[1]
+    assert long.seq == 16384 and attention._why_not(xla, long).startswith("skipped")
+    assert attention._why_not(xla, gqa) == ""
+    assert gqa.kv_heads == 4 and attention._why_not(mha, gqa) == "no GQA"

@@ -35,7 +35,7 @@ def test_train_flops_per_token_is_6n_plus_causal_attention():
 
 def test_report_counts_gate_parameters_as_added():
     info = report(model_config(base_config("dense_1p7b_28l", "g1_sdpa_elementwise")), 4096)
-    assert info["params_added_vs_baseline"] == 2048 * 16 * 128 * 28  # 117.4M, as the anchors
+    assert info["params_added_vs_baseline"] == 2048 * 16 * 128 * 28  # 117.4M
     assert info["modules"]["layers.*.attention.gate.kernel"] == 2048 * 16 * 128 * 28
 
 

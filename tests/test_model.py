@@ -60,7 +60,7 @@ def test_packed_sequences_match_separate_sequences(name):
     np.testing.assert_allclose(logits[:, 5:], alone_b, rtol=1e-5, atol=1e-5)
 
 
-# Closed forms from SPEC.md: +Param = D x (score width) x layers.
+# Closed forms from docs/method.md: +Param = D x (score width) x layers.
 D, L, H, KV, DK = 128, 4, 4, 2, 32  # the tiny arch
 
 

@@ -12,43 +12,77 @@ from gated_attention import config_lib, ops
 from gated_attention.model import Transformer
 from gated_attention.ops import block_sizes
 
-# What each implementation can do (from its module docstring): cuDNN is the narrow one.
-CUDNN_CAN = dict(normalizers={"softmax"}, segments=False, dtypes={"bfloat16", "float16"},
-                 cross_lengths=True)
+# What each implementation can do, restated from its module docstring (not read from
+# ops/choices.py, so a wrong capability there fails here).
+CAN = {
+    "cudnn": dict(normalizers={"softmax"}, segments=False, dtypes={"bfloat16", "float16"},
+                  cross=True),
+    "splash": dict(normalizers={"softmax", "softmax_off_by_one", "learned_sink"},
+                   segments=True, dtypes={"float32", "bfloat16"}, cross=False),
+    "pallas_gpu": dict(normalizers=set(ops.NORMALIZERS), segments=True,
+                       dtypes={"float32", "bfloat16"}, cross=False),
+    "pallas_tpu": dict(normalizers=set(ops.NORMALIZERS), segments=True,
+                       dtypes={"float32", "bfloat16"}, cross=False),
+}
+# The expected pick per platform and request, written out by hand: (normalizer, segments,
+# dtype, equal lengths) -> impl.
+EXPECTED = {
+    "gpu": {("softmax", False, "bfloat16", True): "cudnn",
+            ("softmax", True, "bfloat16", True): "pallas_gpu",
+            ("softmax", False, "float32", True): "pallas_gpu",
+            ("softpick", False, "bfloat16", True): "pallas_gpu",
+            ("learned_sink", True, "bfloat16", True): "pallas_gpu",
+            ("softmax", False, "bfloat16", False): "cudnn",
+            ("learned_sink", False, "bfloat16", False): "xla"},
+    "tpu": {("softmax", True, "bfloat16", True): "splash",
+            ("softmax_off_by_one", False, "float32", True): "splash",
+            ("learned_sink", True, "bfloat16", True): "splash",
+            ("softpick", True, "bfloat16", True): "pallas_tpu",
+            ("softmax", False, "bfloat16", False): "xla"},
+    "cpu": {("softmax", True, "bfloat16", True): "xla",
+            ("softpick", False, "float32", True): "xla"},
+}
 
 
 @pytest.mark.parametrize("platform", ["cpu", "gpu", "tpu"])
-def test_auto_never_drops_a_feature(platform):
+def test_auto_picks_per_platform_and_feature(platform):
+    for (normalizer, segments, dtype, same), want in EXPECTED[platform].items():
+        seg = jnp.zeros((1, 4), jnp.int32) if segments else None
+        with jax.enable_x64(False):
+            got = ops.resolve_impl("auto", segment_ids=seg, normalizer=normalizer,
+                                   platform=platform, dtype=jnp.dtype(dtype), same_length=same)
+        assert got == want, (platform, normalizer, segments, dtype, same)
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu", "tpu"])
+@pytest.mark.parametrize("x64", [False, True])
+def test_auto_never_drops_a_feature(platform, x64):
     for normalizer, segments, dtype, same in itertools.product(
             ops.NORMALIZERS, (False, True), ("float32", "bfloat16"), (True, False)):
         seg = jnp.zeros((1, 4), jnp.int32) if segments else None
-        impl = ops.resolve_impl("auto", segment_ids=seg, normalizer=normalizer,
-                                platform=platform, dtype=jnp.dtype(dtype), same_length=same)
+        with jax.enable_x64(x64):
+            impl = ops.resolve_impl("auto", segment_ids=seg, normalizer=normalizer,
+                                    platform=platform, dtype=jnp.dtype(dtype), same_length=same)
         assert impl in ops.IMPLS and impl != "auto"
-        if impl == "cudnn":
-            assert normalizer in CUDNN_CAN["normalizers"] and not segments
-            assert dtype in CUDNN_CAN["dtypes"] and same
-        if impl.startswith("pallas"):
-            assert same, "Pallas kernels are self-attention only"
-            assert impl == f"pallas_{platform}"
+        if impl in CAN:
+            can = CAN[impl]
+            assert normalizer in can["normalizers"] and (can["segments"] or not segments)
+            assert dtype in can["dtypes"] and (can["cross"] or same)
+        assert impl in ("xla", "cudnn", f"pallas_{platform}") or (impl, platform) == (
+            "splash", "tpu")
+        if impl == "splash":
+            assert not x64, "jax's splash kernel does not trace with x64 on"
 
 
-def test_auto_picks_the_fast_path_per_platform():
-    bf16, f32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)
-    seg = jnp.zeros((1, 4), jnp.int32)
-    pick = lambda **kw: ops.resolve_impl("auto", **kw)  # noqa: E731
-    assert pick(segment_ids=None, normalizer="softmax", platform="gpu", dtype=bf16) == "cudnn"
-    assert pick(segment_ids=seg, normalizer="softmax", platform="gpu", dtype=bf16) == "pallas_gpu"
-    assert pick(segment_ids=None, normalizer="softpick", platform="gpu", dtype=bf16) == \
-        "pallas_gpu"
-    assert pick(segment_ids=None, normalizer="softmax", platform="gpu", dtype=f32) == \
-        "pallas_gpu"
-    assert pick(segment_ids=seg, normalizer="learned_sink", platform="tpu", dtype=bf16) == \
-        "pallas_tpu"
-    assert pick(segment_ids=None, normalizer="softmax", platform="cpu", dtype=f32) == "xla"
-    assert pick(segment_ids=None, normalizer="softmax", platform="tpu", dtype=f32,
-                same_length=False) == "xla"
-    assert ops.resolve_impl("pallas_tpu", segment_ids=None, normalizer="softmax") == "pallas_tpu"
+def test_choices_table_is_data_that_names_real_implementations():
+    from gated_attention.ops import choices, dispatch
+
+    for platform, order in choices.PREFERENCE.items():
+        assert order[-1] == "xla" and set(order) <= set(dispatch.MODULES), platform
+    assert set(choices.CAPABILITIES) <= set(dispatch.MODULES)
+    with pytest.raises(ValueError, match="platform='npu'.*gpu, tpu, cpu"):
+        choices.choose("npu", normalizer="softmax", segments=False, dtype=None,
+                       same_length=True)
 
 
 def test_block_size_table_and_overrides():

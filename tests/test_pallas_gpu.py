@@ -47,5 +47,14 @@ def test_lowers_to_triton(head_dim: int):
     assert "xla.gpu.triton" in text
 
 
+def test_split_dq_backward_matches_and_lowers(monkeypatch):
+    """FlashAttention-2's split backward (a dq kernel of its own), kept as the alternative to
+    the atomic dq: same values, and its three kernels lower to Triton."""
+    monkeypatch.setattr(pallas_gpu, "DQ_BY_ATOMICS", False)
+    flash_cases.check_case(_kernel, Case("softmax", "headwise", "sigmoid", heads=4, kv_heads=2,
+                                         seq=24))
+    assert "xla.gpu.triton" in flash_cases.lowered_text(pallas_gpu, "h200", "cuda", 256, 64)
+
+
 def test_bad_input_is_refused():
     flash_cases.check_refusals(pallas_gpu.attention)

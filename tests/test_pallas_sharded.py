@@ -24,9 +24,12 @@ def test_pallas_gpu_under_a_mesh_matches_xla(mesh_shape, kv_heads):
     segments = jnp.asarray(np.repeat([[1] * 10 + [2] * 14], b, axis=0), jnp.int32)
     sink = jnp.asarray(rng.normal(size=(h,)), jnp.float32)
     kw = dict(gate=gate, segment_ids=segments, normalizer="learned_sink", sink_logits=sink)
+    # as the model's attention layer passes them: the mesh axes of the logical rules
+    axes = {name: sharding.logical_to_spec((name,))[0] for name in ("batch", "heads")}
 
     def loss(impl, q, k, v):
-        return jnp.sum(jnp.sin(ops.attention(q, k, v, impl=impl, interpret=True, **kw)))
+        return jnp.sum(jnp.sin(ops.attention(q, k, v, impl=impl, interpret=True, mesh_axes=axes,
+                                             **kw)))
 
     want, want_grads = jax.value_and_grad(loss, argnums=(1, 2, 3))("xla", q, k, v)
     batch = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
@@ -38,3 +41,18 @@ def test_pallas_gpu_under_a_mesh_matches_xla(mesh_shape, kv_heads):
     np.testing.assert_allclose(got, want, rtol=1e-5)
     for g, w in zip(got_grads, want_grads):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_per_device_axes_divide_their_dimension():
+    from gated_attention.ops import sharded
+
+    sizes = dict(data=2, fsdp=2, tensor=4, expert=1)
+    assert sharded.fit_axes(("data", "fsdp"), 4, sizes) == ("data", "fsdp")
+    assert sharded.fit_axes(("data", "fsdp"), 2, sizes) is None  # 4 pieces of 2 rows
+    assert sharded.fit_axes("tensor", 8, sizes) == ("tensor",)
+    assert sharded.fit_axes("tensor", 2, sizes) is None  # 2 kv heads cannot split 4 ways
+    assert sharded.fit_axes("expert", 4, sizes) is None  # a size-1 axis splits nothing
+    # without the caller's axes: the batch over every mesh axis that divides it, in order
+    assert sharded.default_batch_axes(4, sizes) == ("data", "fsdp")
+    assert sharded.default_batch_axes(6, sizes) == ("data",)
+    assert sharded.default_batch_axes(1, sizes) is None

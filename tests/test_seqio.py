@@ -57,17 +57,62 @@ def test_seqio_iterator_resumes_exactly(texts_and_vocab):
     root, _, model = texts_and_vocab
     task = seqio_source.register_text_task(
         "ga_test_resume", {"train": [str(root / "docs.txt")]}, model)
-    args = dict(task=task, split="train", shuffle=True, seed=3, repeat=True)
-    chunks = seqio_source.SeqioChunkDataset(args, 16, False, 1)
-    it = iter(chunks)
+    data_config = config_lib.data_section("tiny")
+    data_config.seq_len = 16
+    ds = seqio_source.batches(task, "train", data_config, 2, 1, shuffle=True, seed=3,
+                              repeat=True)
+    it = iter(ds)
     for _ in range(7):
         next(it)
-    state = it.get_state()
-    expected = [next(it) for _ in range(25)]
-    again = iter(chunks)
+    state = json.loads(json.dumps(it.get_state()))
+    expected = [next(it) for _ in range(10)]
+    again = iter(ds)
     again.set_state(state)
-    for a, b in zip(expected, [next(again) for _ in range(25)]):
-        np.testing.assert_array_equal(a, b)
+    for a, b in zip(expected, [next(again) for _ in range(10)]):
+        for key in packing.BATCH_KEYS:
+            np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_a_users_task_module_is_imported_and_brings_its_vocabulary(texts_and_vocab, tmp_path,
+                                                                    monkeypatch):
+    from gated_attention.data import build_inputs
+    from gated_attention.data.inputs import import_modules
+
+    root, texts, model = texts_and_vocab
+    (tmp_path / "ga_user_tasks.py").write_text(
+        "from gated_attention.data import seqio_source\n"
+        f"seqio_source.register_text_task('ga_user_task', {{'train': [{str(root / 'docs.txt')!r}],"
+        f" 'validation': [{str(root / 'docs.txt')!r}]}}, {model!r},"
+        f" num_input_examples={{'train': {len(texts)}, 'validation': {len(texts)}}})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = config_lib.base_config("tiny", "baseline")
+    config.model.vocab_size = 400
+    config.data.update(dict(source="seqio", seqio_task="ga_user_task", seq_len=32))
+    config.train.update(dict(batch_size=2, eval_batches=1))
+    with pytest.raises(config_lib.ConfigError, match=r"^data.seqio_task='ga_user_task' is not "
+                       r"a registered seqio task or mixture; .* --seqio_module=that.module$"):
+        config_lib.validate_run_config(config)
+    with pytest.raises(ImportError, match=r"--seqio_module='ga_no_such_module' cannot be"):
+        import_modules("ga_no_such_module")
+    import_modules("ga_user_tasks")
+    config_lib.validate_run_config(config)  # no data.tokenizer_path: the task's vocabulary
+    inputs = build_inputs(config, tmp_path / "run")
+    batch = next(inputs.train)
+    assert batch["inputs"].shape == (2, 32) and len(inputs.eval_batches) == 1
+    # The epoch guard's estimate reads the first 256 documents: here all 40, so it is exact.
+    assert inputs.summary["train"]["tokens_estimated"] == sum(
+        len(ids) + 1 for ids in tokenizer.SentencePieceTokenizer(model).encode(texts))
+    assert (tmp_path / "run" / tokenizer.TOKENIZER_FILE).read_bytes() == \
+        (root / "spm.model").read_bytes()
+    sp = tokenizer.SentencePieceTokenizer(model)
+    assert sp.decode(inputs.eval_batches[0]["inputs"][0][:20]) in texts[0]
+    # The task tokenized once into shards: every document, EOS-terminated, in file order.
+    from gated_attention.data import array_record_source, prepare
+
+    manifest = prepare.prepare(config, str(tmp_path / "shards"), num_shards=1)
+    docs = array_record_source.documents(str(tmp_path / "shards"), manifest, "train")
+    assert len(docs) == len(texts) and manifest["source"]["task"] == "ga_user_task"
+    assert sp.decode(docs[5][:-1]) == texts[5] and docs[5][-1] == sp.eos_id
 
 
 def test_c4_task_registers_without_download(texts_and_vocab):
@@ -75,3 +120,23 @@ def test_c4_task_registers_without_download(texts_and_vocab):
     name = seqio_source.register_c4_task(model)
     task = seqio.get_mixture_or_task(name)
     assert task.output_features["targets"].vocabulary.vocab_size == 400
+
+
+def test_main_imports_the_seqio_module_before_validating(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "gated_attention.main", "--seqio_module=ga_no_such_tasks",
+         "--config=configs/ablation.py:arch=tiny,variant=baseline",
+         f"--workdir={tmp_path / 'run'}", "--config.data.source=seqio",
+         "--config.data.seqio_task=my_task"],
+        capture_output=True, text=True, timeout=120,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == (
+        "Config error: --seqio_module='ga_no_such_tasks' cannot be imported: No module named "
+        "'ga_no_such_tasks'")
+    assert not (tmp_path / "run").exists()

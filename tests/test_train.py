@@ -122,8 +122,8 @@ def test_workdir_is_checked_by_every_process_before_the_primary_writes(tmp_path)
 
     assert workdir.prepare(run_dir, config, is_primary=False, barrier=barrier) == "new"
     assert reached == ["workdir checked", "workdir ready"]
-    other = mini_config(tmp_path, steps=40)
-    with pytest.raises(workdir.WorkdirError, match="train.steps: 30 -> 40"):
+    other = mini_config(tmp_path, steps=20)  # fewer steps: refused (more would extend the run)
+    with pytest.raises(workdir.WorkdirError, match="train.steps: 30 -> 20"):
         workdir.prepare(run_dir, other, is_primary=False, barrier=reached.append)
     assert reached == ["workdir checked", "workdir ready"]  # refused before the barrier
 
@@ -218,13 +218,13 @@ def test_training_in_a_bucket_resumes_and_matches_a_local_run(straight, bucket_c
     assert resumed == straight
     assert summary["eval"]["loss"] == local["eval"]["loss"]
 
-    other = mini_config(root, steps=40)  # a different run in the same bucket workdir
-    with pytest.raises(workdir.WorkdirError, match="train.steps: 30 -> 40"):
+    other = mini_config(root, steps=20)  # a different run in the same bucket workdir
+    with pytest.raises(workdir.WorkdirError, match="train.steps: 30 -> 20"):
         train.run(other, RUN, progress=False, devices=devices)
     workdir.prepare(RUN, other, overwrite=True)  # the old run is moved aside, never deleted
     backups = [p for p in (store / "bucket" / "runs").iterdir() if ".backup-" in p.name]
     assert len(backups) == 1 and (backups[0] / "metrics.jsonl").read_text().count("\n") == 33
-    assert json.loads((run_dir / "config.json").read_text())["train"]["steps"] == 40
+    assert json.loads((run_dir / "config.json").read_text())["train"]["steps"] == 20
 
 
 def test_data_files_in_a_bucket(fake_bucket):

@@ -103,20 +103,24 @@ def plot_attention_map(maps: Mapping[str, np.ndarray] | np.ndarray, path: PathLi
     # One colour scale for the figure; row 0 (query 0 sees only itself, weight 1) is left out.
     vmax = max((float(np.max(np.asarray(a)[:, 1:])) for a in maps.values()
                 if np.asarray(a).shape[1] > 1), default=1.0) or 1.0
-    fig, axes = plt.subplots(rows, cols, figsize=(3 * cols, 3 * rows), squeeze=False)
+    side = 3.0 if tokens is None else max(3.0, 0.12 * len(tokens) + 1.0)
+    fig, axes = plt.subplots(rows, cols, figsize=(side * cols + 0.8, side * rows), squeeze=False)
     for r, (label, arr) in enumerate(maps.items()):
         arr = np.asarray(arr)
         if arr.shape[0] != cols:
             raise ValueError(f"maps[{label!r}] has {arr.shape[0]} layers; layers={list(layers)}")
         for c, layer in enumerate(layers):
             ax = axes[r][c]
-            ax.imshow(arr[c], cmap="viridis", vmin=0.0, vmax=vmax, interpolation="nearest")
+            image = ax.imshow(arr[c], cmap="viridis", vmin=0.0, vmax=vmax,
+                              interpolation="nearest")
             ax.set_title(f"{label} layer {layer}".strip(), fontsize=9)
-            if tokens is not None and len(tokens) <= 32:
+            ax.set_xlabel("key token")
+            ax.set_ylabel("query token")
+            if tokens is not None and len(tokens) == arr.shape[-1]:
                 ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=6)
                 ax.set_yticks(range(len(tokens)), tokens, fontsize=6)
-            else:
-                ax.set_xlabel("key")
-                ax.set_ylabel("query")
+        # One scale for the whole figure; a bar beside each row's last map shows it.
+        fig.colorbar(image, ax=axes[r][-1], fraction=0.046, pad=0.04,
+                     label="attention probability")
     fig.suptitle(title)
     return _save(fig, path)

@@ -1,4 +1,4 @@
-"""The paper's analysis metrics for one model on held-out batches (SPEC.md, "Metrics").
+"""The paper's analysis metrics for one model on held-out batches (docs/method.md, "Metrics").
 
     stats = model_statistics(model, batches)
 

@@ -25,6 +25,7 @@ import grain
 import numpy as np
 
 from gated_attention import paths
+from gated_attention.data.inputs import Inputs
 from gated_attention.data.packing import Batch
 
 BOS_ID = 0
@@ -190,10 +191,8 @@ def summary(chain: Chain, data_config: Any) -> dict[str, Any]:
 
 
 def build_inputs(config: Any, workdir: str | os.PathLike[str] | None = None, *,
-                 process_index: int = 0, process_count: int = 1
-                 ) -> tuple[Any, list[Batch], Chain, dict[str, Any]]:
-    """(train iterator, eval batches, chain, summary): data.Inputs' fields for this source
-    (the Chain stands in for the tokenizer)."""
+                 process_index: int = 0, process_count: int = 1) -> Inputs:
+    """The data.Inputs of a bigram_backcopy run (the Chain stands in for the tokenizer)."""
     data, train = config.data, config.train
     chain = chain_from_config(data, config.model.vocab_size)
     source = BatchSource(chain, data.seq_len, train.batch_size, seed=data.shuffle_seed,
@@ -207,4 +206,4 @@ def build_inputs(config: Any, workdir: str | os.PathLike[str] | None = None, *,
     if workdir is not None and process_index == 0:
         paths.write_atomic(paths.resolve(workdir) / "data_summary.json",
                            json.dumps(info, indent=2) + "\n")
-    return iterator, evals, chain, info
+    return Inputs(iterator, evals, chain, info)

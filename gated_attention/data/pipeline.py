@@ -67,6 +67,30 @@ class ChunkSource:
         return np.array(piece, np.int32)
 
 
+class ConcatRowSource:
+    """Rows of seq_len + 1 tokens of a split's documents joined end to end (data.packing=
+    'concat'): row i is tokens[i*S : i*S + S + 1], so rows overlap by one token and every
+    next-token pair of the joined stream is a target exactly once. With add_bos every
+    document starts with BOS."""
+
+    def __init__(self, split: TokenizedSplit, seq_len: int, add_bos: bool, bos_id: int):
+        tokens = split.tokens
+        if add_bos:
+            tokens = np.insert(tokens, split.offsets[:-1], np.int32(bos_id))
+        self.tokens, self.seq_len = tokens.astype(np.int32), seq_len
+
+    def __len__(self) -> int:
+        return max(len(self.tokens) - 1, 0) // self.seq_len
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        start = index * self.seq_len
+        return np.array(self.tokens[start:start + self.seq_len + 1], np.int32)
+
+
+def _is_concat(data_config: Any) -> bool:
+    return data_config.get("packing", "segments") == "concat"
+
+
 @dataclasses.dataclass
 class LocalData:
     tokenizer: Tokenizer
@@ -86,7 +110,10 @@ def tokenize(documents: Sequence[corpus_lib.Document], tokenizer: Tokenizer, add
     return TokenizedSplit(tokens, offsets)
 
 
-def _tokenizer_id(tokenizer: Tokenizer) -> str:
+def tokenizer_id(tokenizer: Tokenizer) -> str:
+    """A tokenizer's identity: token caches and the ArrayRecord manifests key on it."""
+    if getattr(tokenizer, "fingerprint", None):  # a tokenizer.json: its text and special ids
+        return tokenizer.fingerprint
     model_file = getattr(tokenizer, "model_file", None)
     if model_file is None:
         return f"byte{tokenizer.vocab_size}"
@@ -95,7 +122,7 @@ def _tokenizer_id(tokenizer: Tokenizer) -> str:
 
 def _cached_tokenize(documents: Sequence[corpus_lib.Document], tokenizer: Tokenizer,
                      add_eos: bool, cache_dir: str) -> TokenizedSplit:
-    key = hashlib.sha256(f"{corpus_lib.fingerprint(documents)}|{_tokenizer_id(tokenizer)}|"
+    key = hashlib.sha256(f"{corpus_lib.fingerprint(documents)}|{tokenizer_id(tokenizer)}|"
                          f"{add_eos}".encode()).hexdigest()[:20]
     path = corpus_lib.cache_root(cache_dir) / "tokens" / f"{key}.npz"
     if path.exists():
@@ -129,7 +156,7 @@ def load_local_data(data_config: Any, vocab_size: int,
         "train": {**corpus_lib.summary(train_docs), "tokens": int(train.tokens.size)},
         "held_out": {**corpus_lib.summary(held_out_docs), "tokens": int(held_out.tokens.size)},
         "tokenizer": {"kind": data_config.tokenizer, "vocab_size": tokenizer.vocab_size,
-                      "id": _tokenizer_id(tokenizer)},
+                      "id": tokenizer_id(tokenizer)},
     }
     if workdir is not None:
         root = paths.resolve(workdir)
@@ -151,6 +178,16 @@ def per_host_batch(batch_size: int, process_count: int) -> int:
 def train_dataset(data: LocalData, data_config: Any, batch_size: int, *, seed: int,
                   process_index: int = 0, process_count: int = 1) -> grain.IterDataset:
     """Endless, shuffled, host-sharded batches of the training split (this host's share)."""
+    if _is_concat(data_config):
+        from gated_attention.data.streams import concat_batch
+
+        rows = ConcatRowSource(data.train, data_config.seq_len, data_config.add_bos,
+                               data.tokenizer.bos_id)
+        rows = grain.MapDataset.source(rows).shuffle(seed=seed).repeat()
+        rows = rows[process_index::process_count].batch(per_host_batch(batch_size,
+                                                                       process_count))
+        return rows.map(lambda r: concat_batch(r, with_segments=False)).to_iter_dataset(
+            READ_OPTIONS)
     source = ChunkSource(data.train, data_config.seq_len, data_config.add_bos,
                          data.tokenizer.bos_id)
     chunks = grain.MapDataset.source(source).shuffle(seed=seed).repeat()
@@ -163,6 +200,22 @@ def train_dataset(data: LocalData, data_config: Any, batch_size: int, *, seed: i
 def eval_batches(data: LocalData, data_config: Any, batch_size: int, num_batches: int, *,
                  process_index: int = 0, process_count: int = 1) -> list[packing.Batch]:
     """The first num_batches batches of the held-out split, in document order (fixed)."""
+    if _is_concat(data_config):
+        from gated_attention.data.streams import concat_batch
+
+        rows = ConcatRowSource(data.held_out, data_config.seq_len, data_config.add_bos,
+                               data.tokenizer.bos_id)
+        local = per_host_batch(batch_size, process_count)
+        rows = grain.MapDataset.source(rows)[process_index::process_count]
+        out = [concat_batch(np.stack([rows[i] for i in range(b, b + local)]),
+                            with_segments=True)
+               for b in range(0, min(len(rows), num_batches * local) - local + 1, local)]
+        if not out:
+            raise ValueError(f"the held-out split has too few tokens "
+                             f"({data.held_out.tokens.size}) for one batch of {batch_size} x "
+                             f"{data_config.seq_len}; raise data.eval_fraction or lower "
+                             "train.batch_size")
+        return out
     source = ChunkSource(data.held_out, data_config.seq_len, data_config.add_bos,
                          data.tokenizer.bos_id)
     chunks = grain.MapDataset.source(source)[process_index::process_count]

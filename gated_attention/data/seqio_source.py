@@ -8,9 +8,12 @@ format, so both sources yield identical batches from identical token streams.
     register_c4_task("/path/to/spm.model")  # "c4_en_gated_attention": tfds c4/en, text field
     --config.data.source=seqio --config.data.tokenizer_path=/path/to/spm.model
 
-Resuming: the iterator state is (documents consumed, chunks of the current document
-emitted); restoring rebuilds the (seeded, deterministic) tf.data pipeline and skips that many
-documents.
+A user's own task: register it in a module and name both on the command line
+(`--seqio_module=my_pkg.tasks --config.data.source=seqio --config.data.seqio_task=my_task`);
+its SentencePiece vocabulary is the run's tokenizer unless data.tokenizer_path names one.
+
+Resuming: the iterator state counts the documents consumed (streams.DocumentStream);
+restoring rebuilds the (seeded, deterministic) tf.data pipeline and skips that many.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from gated_attention.data import packing
+from gated_attention.data import streams
 
 C4_TASK = "c4_en_gated_attention"
 
@@ -80,11 +83,14 @@ def register_c4_task(vocab_path: str, *, name: str = C4_TASK, tfds_name: str = "
 
 
 def register_text_task(name: str, split_files: dict[str, Sequence[str]], vocab_path: str, *,
-                       add_eos: bool = True) -> str:
-    """A task over local text files with one document per line (split -> file patterns)."""
+                       add_eos: bool = True, num_input_examples: dict[str, int] | None = None
+                       ) -> str:
+    """A task over local text files with one document per line (split -> file patterns);
+    num_input_examples (documents per split, if known) lets the epoch guard size it."""
     seqio = _seqio()
     source = seqio.TextLineDataSource(split_to_filepattern={k: list(v) for k, v in
-                                                            split_files.items()})
+                                                            split_files.items()},
+                                      num_input_examples=num_input_examples)
     return _register(name, source, vocab_path, add_eos, text_key=None)
 
 
@@ -101,55 +107,72 @@ def document_stream(task: str, split: str, *, shuffle: bool, seed: int, shard_in
         yield np.asarray(example["targets"], np.int32)
 
 
-class SeqioChunkIterator(grain.DatasetIterator):
-    """Chunks of the documents of a seqio task; checkpointable by (documents, chunk)."""
-
-    def __init__(self, stream_args: dict[str, Any], seq_len: int, add_bos: bool, bos_id: int):
-        super().__init__()
-        self._args, self._seq_len, self._add_bos, self._bos = stream_args, seq_len, add_bos, bos_id
-        self._restart(0, 0)
-
-    def _restart(self, documents: int, chunk: int) -> None:
-        """Continue at chunk `chunk` of the document after the first `documents` ones."""
-        self._documents, self._chunk = documents, chunk
-        self._stream = document_stream(**self._args, skip=documents)
-        self._current: list[np.ndarray] | None = None
-
-    def __next__(self) -> np.ndarray:
-        while True:
-            if self._current is None:
-                self._current = packing.chunk_document(next(self._stream), self._seq_len,
-                                                       self._add_bos, self._bos)
-            if self._chunk < len(self._current):
-                self._chunk += 1
-                return self._current[self._chunk - 1]
-            self._documents, self._chunk, self._current = self._documents + 1, 0, None
-
-    def get_state(self) -> dict[str, Any]:
-        return {"documents": self._documents, "chunk": self._chunk}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._restart(int(state["documents"]), int(state["chunk"]))
-
-
-class SeqioChunkDataset(grain.IterDataset):
-    def __init__(self, stream_args: dict[str, Any], seq_len: int, add_bos: bool, bos_id: int):
-        super().__init__()
-        self._init = (stream_args, seq_len, add_bos, bos_id)
-
-    def __iter__(self) -> SeqioChunkIterator:
-        return SeqioChunkIterator(*self._init)
+def documents(task: str, split: str, *, shuffle: bool, seed: int, repeat: bool,
+              shard_index: int = 0, num_shards: int = 1) -> streams.DocumentStream:
+    """A task's documents as a checkpointable stream (state: documents consumed)."""
+    args = dict(task=task, split=split, shuffle=shuffle, seed=seed, shard_index=shard_index,
+                num_shards=num_shards, repeat=repeat)
+    return streams.DocumentStream(lambda skip: document_stream(**args, skip=skip))
 
 
 def batches(task: str, split: str, data_config: Any, batch_size: int, bos_id: int, *,
-            shuffle: bool, seed: int, repeat: bool, shard_index: int = 0, num_shards: int = 1
-            ) -> grain.IterDataset:
+            shuffle: bool, seed: int, repeat: bool, shard_index: int = 0, num_shards: int = 1,
+            for_eval: bool = False) -> grain.IterDataset:
     """Packed batches (the model's format) of a seqio task's documents."""
-    stream_args = dict(task=task, split=split, shuffle=shuffle, seed=seed,
-                       shard_index=shard_index, num_shards=num_shards, repeat=repeat)
-    chunks = SeqioChunkDataset(stream_args, data_config.seq_len, data_config.add_bos, bos_id)
-    return packing.pack_and_batch(chunks, data_config.seq_len, batch_size, seed=seed,
-                                  shuffle_bins=shuffle)
+    docs = documents(task, split, shuffle=shuffle, seed=seed, repeat=repeat,
+                     shard_index=shard_index, num_shards=num_shards)
+    return streams.batches(docs, data_config, batch_size, bos_id, seed=seed,
+                           shuffle_bins=shuffle, for_eval=for_eval)
+
+
+class SeqioTaskError(ValueError):
+    """data.seqio_task is not registered, or its vocabulary is not a SentencePiece model."""
+
+
+def task_and_tokenizer(config: Any, workdir: Any) -> tuple[str, Any]:
+    """(task name, tokenizer): data.seqio_task with its own vocabulary (unless
+    data.tokenizer_path names one), else the C4 task over data.tokenizer_path."""
+    from gated_attention.data.tokenizer import get_tokenizer
+
+    data = config.data
+    model_path = data.tokenizer_path
+    if data.seqio_task:
+        seqio = _seqio()
+        if data.seqio_task not in seqio.TaskRegistry.names() | seqio.MixtureRegistry.names():
+            raise SeqioTaskError(f"data.seqio_task={data.seqio_task!r} is not a registered "
+                                 "seqio task or mixture; register it in a module and pass "
+                                 "--seqio_module=that.module")
+        task = data.seqio_task
+        if not model_path:
+            vocabulary = seqio.get_mixture_or_task(task).output_features["targets"].vocabulary
+            model_path = getattr(vocabulary, "sentencepiece_model_file", "")
+            if not model_path:
+                raise SeqioTaskError(
+                    f"data.seqio_task={task!r} has a {type(vocabulary).__name__} vocabulary; "
+                    "only SentencePiece vocabularies are read (or set data.tokenizer_path)")
+    else:
+        task = register_c4_task(model_path, add_eos=data.add_eos,
+                                tfds_data_dir=data.tfds_data_dir or None)
+    tokenizer = get_tokenizer("sentencepiece", config.model.vocab_size, workdir=workdir,
+                              model_path=model_path)
+    return task, tokenizer
+
+
+def estimate_tokens(task: str, split: str, sample: int = 256) -> int | None:
+    """Tokens in a task's split (for the epoch guard): its documents, where the source knows
+    them, x the mean tokens of its first `sample` documents; None if the count is unknown."""
+    try:
+        documents = _seqio().get_mixture_or_task(task).num_input_examples(split)
+    except Exception:  # noqa: BLE001 - sources without a count raise various errors
+        documents = None
+    if not documents:
+        return None
+    first = []
+    for ids in document_stream(task, split, shuffle=False, seed=0, repeat=False):
+        first.append(len(ids))
+        if len(first) == sample:
+            break
+    return round(documents * sum(first) / len(first)) if first else None
 
 
 def build_inputs(config: Any, workdir: Any, *, process_index: int, process_count: int):
@@ -157,27 +180,20 @@ def build_inputs(config: Any, workdir: Any, *, process_index: int, process_count
     import json
 
     from gated_attention import paths
-    from gated_attention.data import Inputs
+    from gated_attention.data.inputs import Inputs
     from gated_attention.data.pipeline import per_host_batch
-    from gated_attention.data.tokenizer import get_tokenizer
 
     data, train = config.data, config.train
-    tokenizer = get_tokenizer("sentencepiece", config.model.vocab_size, workdir=workdir,
-                              model_path=data.tokenizer_path)
-    task = data.seqio_task or register_c4_task(data.tokenizer_path, add_eos=data.add_eos,
-                                               tfds_data_dir=data.tfds_data_dir or None)
+    task, tokenizer = task_and_tokenizer(config, workdir)
     local_batch = per_host_batch(train.batch_size, process_count)
     shard = dict(shard_index=process_index, num_shards=process_count)
     train_iter = iter(batches(task, "train", data, local_batch, tokenizer.bos_id, shuffle=True,
                               seed=data.shuffle_seed, repeat=True, **shard))
-    evals = []
-    if train.eval_batches:
-        for batch in batches(task, data.seqio_eval_split, data, local_batch, tokenizer.bos_id,
-                             shuffle=False, seed=0, repeat=False, **shard):
-            evals.append(batch)
-            if len(evals) == train.eval_batches:
-                break
-    summary = {"source": "seqio", "task": task, "tokenizer": {
+    evals = streams.first_batches(
+        batches(task, data.seqio_eval_split, data, local_batch, tokenizer.bos_id,
+                shuffle=False, seed=0, repeat=False, for_eval=True, **shard), train.eval_batches)
+    summary = {"source": "seqio", "task": task,
+               "train": {"tokens_estimated": estimate_tokens(task, "train")}, "tokenizer": {
         "kind": "sentencepiece", "vocab_size": tokenizer.vocab_size,
         "path": str(data.tokenizer_path)}}
     if workdir is not None:

@@ -1,10 +1,12 @@
-"""Tokenizers: SentencePiece trained on the training split at first use (cached), or bytes.
+"""Tokenizers: SentencePiece trained on the training split at first use (cached), bytes, or a
+Hugging Face `tokenizer.json` (e.g. the paper's 151,936-entry Qwen-style BPE).
 
-Both reserve the same special ids: pad 0, bos 1, eos 2 (SentencePiece also has unk 3). The
+SentencePiece and bytes reserve the same special ids: pad 0, bos 1, eos 2 (SentencePiece also
+has unk 3). A `tokenizer.json` brings its own special tokens (see hf_tokenizer.py). The
 SentencePiece model is cached under `<cache>/tokenizers/`, keyed by the corpus fingerprint,
-the vocabulary size and the training options, and copied into the run's workdir, which is
-authoritative on resume. Training samples `input_sentence_size` lines with a fixed seed and
-two threads, so it takes seconds (it is on the demo's clock).
+the vocabulary size and the training options; the tokenizer file of a run is copied into its
+workdir, which is authoritative on resume. Training samples `input_sentence_size` lines with
+a fixed seed and two threads, so it takes seconds (it is on the demo's clock).
 """
 
 from __future__ import annotations
@@ -121,9 +123,13 @@ def get_tokenizer(kind: str, vocab_size: int, train_documents: Sequence[Document
     """The run's tokenizer: the workdir's copy, else `model_path`, else cached, else trained."""
     if kind == "byte":
         return ByteTokenizer(vocab_size)
+    if kind == "hf":
+        from gated_attention.data import hf_tokenizer
+
+        return hf_tokenizer.load(model_path, vocab_size, workdir=workdir)
     if kind != "sentencepiece":
         raise ValueError(f"data.tokenizer={kind!r} is not allowed; choose one of "
-                         "sentencepiece, byte")
+                         "sentencepiece, byte, hf")
     in_workdir = paths.resolve(workdir) / TOKENIZER_FILE if workdir else None
     if in_workdir is not None and in_workdir.exists():
         tokenizer = SentencePieceTokenizer(in_workdir)

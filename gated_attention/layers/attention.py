@@ -1,6 +1,6 @@
 """Grouped-query self-attention with QK-norm, RoPE and every gate of the paper.
 
-Order per SPEC.md: project q/k/v from the block's normalised input X; gate G4/G3/G2 on the
+Order as in docs/method.md: project q/k/v from the block's normalised input X; gate G4/G3/G2 on the
 projection outputs; q/k RMSNorm; RoPE; SDPA through `ops.attention`; G1 gate (fused into the
 kernel when it is a plain `attn * act(X W)`), or a parameter-free transform; concat heads;
 o_proj; G5 gate. The G1 gate never goes through QK-norm or RoPE.
@@ -8,12 +8,15 @@ o_proj; G5 gate. The G1 gate never goes through QK-norm or RoPE.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gated_attention import ops
+from gated_attention import ops, sharding
 from gated_attention.layers.gates import Gate
+from gated_attention.layers.kv_cache import KVCache
 from gated_attention.layers.norms import RMSNorm, rms_normalize
 from gated_attention.layers.params import cast, param
 from gated_attention.layers.rope import apply_rope
@@ -22,6 +25,12 @@ from gated_attention.model_config import ModelConfig
 from gated_attention.ops import reference
 
 GATE_TARGETS = {"sdpa": "heads", "query": "heads", "key": "kv_heads", "value": "kv_heads"}
+
+
+def _mesh_axes() -> dict:
+    """Mesh axes that split the batch and the heads (for kernels run per device)."""
+    rules = sharding.active_rules()
+    return {name: sharding.logical_to_spec((name,), rules)[0] for name in ("batch", "heads")}
 
 
 class Attention(nnx.Module):
@@ -39,6 +48,12 @@ class Attention(nnx.Module):
         self.v_proj = (projection() if switch in ("v", "kv")
                        else param(rngs, (D, kv_heads, d), ("embed", "kv_heads", "head_dim")))
         self.o_proj = param(rngs, (heads, d, D), ("heads", "head_dim", "embed"))
+        if cfg.qkv_bias:  # Qwen-style imports (gated_attention/hf); zero-initialised
+            self.q_bias = param(rngs, (heads, d), ("heads", "head_dim"), init="zeros")
+            self.k_bias = param(rngs, (kv_heads, d), ("kv_heads", "head_dim"), init="zeros")
+            self.v_bias = param(rngs, (kv_heads, d), ("kv_heads", "head_dim"), init="zeros")
+        if cfg.o_proj_bias:
+            self.o_bias = param(rngs, (D,), ("embed",), init="zeros")
         if cfg.qk_norm:
             norm = lambda: RMSNorm(d, rngs=rngs, eps=cfg.norm_eps,  # noqa: E731
                                    zero_centred=cfg.zero_centred_norm, axis_name="head_dim")
@@ -54,10 +69,12 @@ class Attention(nnx.Module):
         if variant.normalizer == "learned_sink":
             self.sink_logits = param(rngs, (heads,), ("heads",), init="zeros")
 
-    def _project(self, proj: nnx.Param | SwitchHeadProjection, x: jax.Array) -> jax.Array:
+    def _project(self, proj: nnx.Param | SwitchHeadProjection, x: jax.Array,
+                 bias: str = "") -> jax.Array:
         if isinstance(proj, SwitchHeadProjection):
             return proj(x)
-        return jnp.einsum("bsD,Dhd->bshd", x, cast(proj, self.cfg.compute_dtype))
+        y = jnp.einsum("bsD,Dhd->bshd", x, cast(proj, self.cfg.compute_dtype))
+        return y + cast(getattr(self, bias), y.dtype) if self.cfg.qkv_bias and bias else y
 
     def _gate_at(self, position: str, y: jax.Array, x: jax.Array) -> jax.Array:
         if self.gate is not None and self.cfg.variant.gate_position == position:
@@ -65,16 +82,18 @@ class Attention(nnx.Module):
         return y
 
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None = None,
-                 capture: frozenset[str] = frozenset()) -> jax.Array:
+                 capture: frozenset[str] = frozenset(), kv_cache: KVCache | None = None,
+                 ) -> jax.Array:
+        """kv_cache: decoding; x holds the new tokens only and keys/values go to the cache."""
         cfg, variant = self.cfg, self.cfg.variant
         x = x.astype(cfg.compute_dtype)
-        q = self._gate_at("query", self._project(self.q_proj, x), x)
-        k = self._gate_at("key", self._project(self.k_proj, x), x)
-        v = self._gate_at("value", self._project(self.v_proj, x), x)
+        q = self._gate_at("query", self._project(self.q_proj, x, "q_bias"), x)
+        k = self._gate_at("key", self._project(self.k_proj, x, "k_bias"), x)
+        v = self._gate_at("value", self._project(self.v_proj, x, "v_bias"), x)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q, positions, cfg.rope_base)
-        k = apply_rope(k, positions, cfg.rope_base)
+        q = apply_rope(q, positions, cfg.rope_base, cfg.rope_scaling)
+        k = apply_rope(k, positions, cfg.rope_base, cfg.rope_scaling)
         sink = self.sink_logits[...] if variant.normalizer == "learned_sink" else None
         if self.gate is not None and "gate_scores" in capture:
             self.sow(nnx.Intermediate, "gate_scores", self.gate.scores(x))
@@ -82,13 +101,15 @@ class Attention(nnx.Module):
 
         needs_ungated = bool(capture & {"sdpa_before_gate", "sdpa_after_gate"})
         fuse_gate = variant.fusable_sdpa_gate and not needs_ungated
-        out = ops.attention(
+        attend = (ops.attention if kv_cache is None
+                  else functools.partial(kv_cache.attend, positions=positions))
+        out = attend(
             q, k, v,
             gate=self.gate.logits(x) if fuse_gate else None,
             gate_activation=variant.activation,
             segment_ids=segment_ids, causal=True, normalizer=variant.normalizer,
             sink_logits=sink, impl=cfg.attention_impl,
-            block_sizes=dict(cfg.block_sizes) or None,
+            block_sizes=dict(cfg.block_sizes) or None, mesh_axes=_mesh_axes(),
         )
         if not fuse_gate:
             if "sdpa_before_gate" in capture:
@@ -101,6 +122,8 @@ class Attention(nnx.Module):
             if "sdpa_after_gate" in capture:
                 self.sow(nnx.Intermediate, "sdpa_after_gate", out)
         out = jnp.einsum("bshd,hdD->bsD", out, cast(self.o_proj, cfg.compute_dtype))
+        if cfg.o_proj_bias:
+            out = out + cast(self.o_bias, out.dtype)
         return self._gate_at("dense_output", out, x)
 
     def _capture_attention(self, q: jax.Array, k: jax.Array, segment_ids: jax.Array | None,

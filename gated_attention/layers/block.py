@@ -10,6 +10,7 @@ import jax
 from flax import nnx
 
 from gated_attention.layers.attention import Attention
+from gated_attention.layers.kv_cache import KVCache
 from gated_attention.layers.mlp import SwiGLU
 from gated_attention.layers.norms import RMSNorm
 from gated_attention.model_config import ModelConfig
@@ -40,9 +41,10 @@ class DecoderBlock(nnx.Module):
             self.sow(nnx.Intermediate, name, value)
 
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None = None,
-                 capture: frozenset[str] = frozenset()) -> tuple[jax.Array, Aux]:
+                 capture: frozenset[str] = frozenset(), kv_cache: KVCache | None = None,
+                 ) -> tuple[jax.Array, Aux]:
         sandwich = self.cfg.variant.sandwich_norm
-        attn = self.attention(self.attn_norm(x), positions, segment_ids, capture)
+        attn = self.attention(self.attn_norm(x), positions, segment_ids, capture, kv_cache)
         if sandwich:
             attn = self.post_attn_norm(attn)
         self._sow(capture, "attn_output", attn)

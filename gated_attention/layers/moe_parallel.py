@@ -42,18 +42,13 @@ def _axes(spec_entry: str | tuple[str, ...] | None) -> tuple[str, ...]:
     return (spec_entry,) if isinstance(spec_entry, str) else tuple(spec_entry or ())
 
 
-def _active_rules() -> sharding.Rules:
-    getter = getattr(sharding, "active_rules", None)
-    return getter() if getter else sharding._ACTIVE_RULES.get()
-
-
 def parallel_plan(num_tokens: int, num_experts: int) -> ParallelPlan | None:
     """The plan under the active `jax.set_mesh` mesh, or None (no mesh, or one device)."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return None
     sizes = dict(mesh.shape)
-    rules = _active_rules()
+    rules = sharding.active_rules()
     batch_axes = tuple(a for a in _axes(sharding.logical_to_spec(("batch",), rules)[0])
                        if sizes.get(a, 1) > 1)
     expert_axes = tuple(a for a in _axes(sharding.logical_to_spec(("expert",), rules)[0])

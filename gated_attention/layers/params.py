@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from gated_attention.sharding import logical_axes  # noqa: F401 - its former home
+
 INIT_STD = 0.02
 
 
@@ -40,10 +42,3 @@ def param(
 def cast(p: nnx.Param, dtype: jnp.dtype) -> jax.Array:
     """The parameter's value in the compute dtype (weights stay float32 in memory)."""
     return p[...].astype(dtype)
-
-
-def logical_axes(var: nnx.Variable) -> tuple[str | None, ...]:
-    """The logical axis names a parameter was created with (flax renamed the metadata key)."""
-    meta = var.get_metadata()
-    names = meta.get("out_sharding") or meta.get("sharding_names") or meta.get("sharding")
-    return tuple(names or ())

@@ -1,0 +1,91 @@
+"""What fault tolerance costs: the non-finite guard in the train step, and the fingerprint
+that verifies a checkpoint, in one run.
+
+    python benchmarks/fault_overhead.py                  # CPU: tiny, seq 256, batch 8
+    python benchmarks/fault_overhead.py --arch=small --seq_len=1024 --batch=8   # a GPU
+
+Prints the median step time with the guard (isfinite over the loss and every gradient,
+the optimizer update under lax.cond) and without it (train.make_train_step's
+guard_nonfinite=False), interleaved so that both see the same machine load; then the time
+of checkpoint.fingerprint over the whole train state (params and optimizer moments) and
+its throughput. Batches are random tokens: speed does not depend on the data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import numpy as np
+
+from gated_attention import checkpoint, config_lib, sharding, train
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", default="tiny")
+    parser.add_argument("--variant", default="g1_sdpa_elementwise")
+    parser.add_argument("--seq_len", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per variant")
+    args = parser.parse_args()
+
+    config = config_lib.base_config(args.arch, args.variant)
+    config.data.seq_len, config.train.batch_size = args.seq_len, args.batch
+    cfg = config_lib.model_config(config)
+    mesh = sharding.create_mesh(config.mesh, jax.devices()[:1])
+    graphdef, state, shardings = train.create_train_state(config, mesh)
+    steps = {name: train.jit_train_step(
+        train.make_train_step(graphdef, config, guard_nonfinite=guarded), mesh, shardings)
+        for name, guarded in (("guarded", True), ("unguarded", False))}
+    rng = np.random.default_rng(0)
+    shape = (args.batch, args.seq_len)
+    batch = {"inputs": rng.integers(3, cfg.vocab_size, shape, dtype=np.int32),
+             "targets": rng.integers(3, cfg.vocab_size, shape, dtype=np.int32),
+             "mask": np.ones(shape, np.int32)}
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for step in steps.values():  # compile and warm up
+        state, metrics = step(state, batch)
+        jax.block_until_ready(metrics)
+    for _ in range(args.steps):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            state, metrics = step(state, batch)
+            jax.block_until_ready((state, metrics))
+            times[name].append(time.perf_counter() - start)
+    guarded, unguarded = (statistics.median(times[n]) for n in ("guarded", "unguarded"))
+    print(f"{args.arch}/{args.variant}, batch {args.batch} x {args.seq_len}, "
+          f"{jax.devices()[0].device_kind}")
+    print(f"step, guarded:   {guarded * 1e3:9.2f} ms (median of {args.steps})")
+    print(f"step, unguarded: {unguarded * 1e3:9.2f} ms")
+    print(f"guard overhead:  {100 * (guarded / unguarded - 1):+9.1f} %")
+    # The compiler's own count, which machine load does not blur.
+    costs = {}
+    for name, guarded_step in (("guarded", True), ("unguarded", False)):
+        step_fn = train.make_train_step(graphdef, config, guard_nonfinite=guarded_step)
+        with jax.set_mesh(mesh), sharding.logical_rules(sharding.rules_from_config(config.mesh)):
+            compiled = jax.jit(step_fn, donate_argnums=(0,)).lower(state, batch).compile()
+        analysis = compiled.cost_analysis()
+        analysis = analysis[0] if isinstance(analysis, list) else analysis
+        costs[name] = (analysis.get("bytes accessed", float("nan")),
+                       analysis.get("flops", float("nan")))
+    (bytes_g, flops_g), (bytes_u, flops_u) = costs["guarded"], costs["unguarded"]
+    print(f"bytes accessed (compiler): guarded {bytes_g:.4g}, unguarded {bytes_u:.4g} "
+          f"({100 * (bytes_g / bytes_u - 1):+.2f} %); flops {100 * (flops_g / flops_u - 1):+.2f} %")
+
+    checkpoint.fingerprint(state)  # compile
+    runs = []
+    for _ in range(5):
+        start = time.perf_counter()
+        checkpoint.fingerprint(state)
+        runs.append(time.perf_counter() - start)
+    size = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
+    seconds = statistics.median(runs)
+    print(f"fingerprint of the train state ({size / 2**20:.1f} MiB): {seconds * 1e3:.2f} ms "
+          f"({size / seconds / 2**30:.2f} GiB/s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""The paper's dense 1.7B models (Table 2): 28 layers of width 2048 or 48 of width 1536.
+
+    python -m gated_attention.main \
+        --config=configs/dense_1p7b.py:arch=dense_1p7b_48l,variant=g1_sdpa_elementwise \
+        --workdir=gs://my-bucket/runs/dense48_g1
+
+arch: dense_1p7b_28l (the default) or dense_1p7b_48l. variant: any name in
+gated_attention.variants.VARIANTS. Recipe: sequences of 4096 tokens in bfloat16, 1024 of
+them a step (4M tokens), AdamW to a peak learning rate of 4e-3, 400B tokens; a gated model's
+FFN is narrowed so it has the baseline's parameter count. Weights are sharded over every
+chip (FSDP). `python -m gated_attention.inspect` with this config prints the memory per chip.
+"""
+
+from gated_attention.config_lib import ConfigError, base_config, parse_config_string
+
+ARCHS = ("dense_1p7b_28l", "dense_1p7b_48l")
+
+
+def get_config(arg=None):
+    options = parse_config_string(arg)
+    arch = options.get("arch", "dense_1p7b_28l")
+    if arch not in ARCHS:
+        raise ConfigError(f"arch={arch!r} is not allowed here; choose one of {', '.join(ARCHS)}")
+    config = base_config(arch, options.get("variant", "baseline"))
+    config.model.narrow_ffn_to_match_baseline = config.variant != "baseline"
+    config.model.remat = "dots_with_no_batch_dims_saveable"
+    config.train.batch_size = 1024
+    config.train.steps = 95_000  # 400B tokens at 4M tokens a step
+    config.train.eval_every = 1_000
+    config.train.checkpoint_every = 1_000
+    config.optimizer.peak_lr = 4e-3
+    config.optimizer.warmup_steps = 1_000
+    config.mesh.data, config.mesh.fsdp = 1, -1
+    # The paper's corpus is not public; C4 through seqio is a common stand-in (docs/data.md):
+    # config.data.source = "seqio"
+    # config.data.tokenizer_path = "gs://my-bucket/spm/c4_151936.model"
+    return config

@@ -1,0 +1,37 @@
+"""Table 1: where to put a gate, and of which kind, in the 15A2B MoE model.
+
+    python -m gated_attention.main --config=configs/table1_moe.py:variant=g1_sdpa_elementwise \
+        --workdir=gs://my-bucket/runs/table1_moe_g1_sdpa_elementwise
+
+Rows: the baseline, three ways of spending the gate's parameters on a bigger baseline
+(more kv heads, more query heads, more experts), the gate at each position G1-G5, headwise
+and head-shared gates, and additive or SiLU gates.
+Every row trains the 15A2B recipe of configs/moe_15a2b.py; `arch=tiny_moe` runs the same
+row on a model a CPU trains (then lower train.batch_size and train.steps).
+"""
+
+from gated_attention.config_lib import ConfigError, base_config, parse_config_string
+
+ROWS = (
+    "baseline", "g1_sdpa_elementwise", "kv_heads_8", "q_heads_48", "add_4_experts",
+    "g2_value_elementwise", "g3_key_elementwise", "g4_query_elementwise", "g5_dense_output",
+    "g1_sdpa_headwise", "g2_value_headwise", "g1_sdpa_head_shared", "g2_value_head_shared",
+    "g1_sdpa_additive_silu", "g1_sdpa_elementwise_silu",
+)
+
+
+def get_config(arg=None):
+    options = parse_config_string(arg)
+    variant = options.get("variant", ROWS[0])
+    if variant not in ROWS:
+        raise ConfigError(f"variant={variant!r} is not a row of this table; choose one of "
+                          f"{', '.join(ROWS)}")
+    config = base_config(options.get("arch", "moe_15a2b"), variant)
+    config.model.remat = "dots_with_no_batch_dims_saveable"
+    config.train.batch_size = 1024  # sequences of 4096 tokens
+    config.train.steps = 100_000
+    config.train.eval_every = config.train.checkpoint_every = 1_000
+    config.optimizer.peak_lr, config.optimizer.final_lr = 2e-3, 3e-5
+    config.optimizer.warmup_steps = 1_000
+    config.mesh.data, config.mesh.fsdp = 1, -1
+    return config

@@ -1,0 +1,139 @@
+"""Hugging Face folder <-> run workdir, from the command line.
+
+    python -m gated_attention.convert from_hf path/to/hf_folder --workdir=runs/qwen
+    python -m gated_attention.convert to_hf --workdir=runs/x --out=path/to/hf_folder
+
+`from_hf` writes a workdir as training would: config.json (the imported architecture and
+variant, `data.tokenizer=hf`), an orbax checkpoint at step 0 (the weights and a fresh optimizer
+state) and the model's tokenizer.json. `analyze`, `generate` and the notebooks read it as any
+run. To continue training, start a new run from its weights (fresh optimizer, step 0):
+
+    python -m gated_attention.main --config=configs/from_workdir.py:runs/qwen \
+        --workdir=runs/qwen_ft --config.train.steps=1000
+
+`to_hf` writes config.json + safetensors (+ tokenizer.json) of a run's latest checkpoint in
+the official layout. Both refuse, before writing anything, a folder that already holds files
+they would write.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import sys
+from typing import Any
+
+import jax.numpy as jnp
+from flax import nnx
+
+from gated_attention import paths
+from gated_attention.config_lib import ConfigError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def train_state(model: nnx.Module, config: Any) -> dict[str, Any]:
+    """The train state of train.py for `model`'s weights: a fresh optimizer state, step 0."""
+    from gated_attention import optim
+
+    _, params, _ = nnx.split(model, nnx.Param, ...)
+    tx = optim.make_optimizer(config.optimizer, config.train.steps)
+    return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+
+
+def from_hf(hf_dir: str | os.PathLike[str], workdir: str | os.PathLike[str], *,
+            dtype: str = "float32") -> Any:
+    """Import a Hugging Face folder into a new run workdir; returns the run config."""
+    from gated_attention import checkpoint as checkpoint_lib
+    from gated_attention import config_lib, hf
+    from gated_attention import workdir as workdir_lib
+
+    hf_dir = pathlib.Path(hf_dir)
+    model, config = hf.load_pretrained(hf_dir, dtype=dtype)  # every check before any write
+    root = paths.resolve(workdir)
+    tokenizer = hf_dir / hf.TOKENIZER_FILE
+    if tokenizer.exists():
+        config.data.tokenizer = "hf"
+        config.data.tokenizer_path = str(tokenizer)
+        config_lib.validate_run_config(config)  # the tokenizer fits the vocabulary
+        config.data.tokenizer_path = str(root / hf.TOKENIZER_FILE)  # the workdir's copy
+    else:
+        print(f"{tokenizer} not found: set data.tokenizer and data.tokenizer_path before "
+              "training or analysing this run")
+    if root.exists() and any(root.iterdir()):
+        raise workdir_lib.WorkdirError(f"{root} is not empty; choose a new --workdir "
+                                       "(nothing is overwritten)")
+    workdir_lib.prepare(root, config)
+    for name in TOKENIZER_FILES:
+        if (hf_dir / name).exists():
+            paths.write_atomic(root / name, (hf_dir / name).read_bytes())
+    ckpt = checkpoint_lib.Checkpointer(root, keep=config.train.keep_checkpoints,
+                                       async_save=False)
+    ckpt.save(0, train_state(model, config), None)
+    ckpt.close()
+    return config
+
+
+def to_hf(workdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
+          step: int | None = None, dtype: str | None = None) -> list[str]:
+    """Export a run's checkpoint as a Hugging Face folder; returns the files written."""
+    from gated_attention import hf, train
+
+    root, out = paths.resolve(workdir), pathlib.Path(out)
+    taken = [n for n in TOKENIZER_FILES if (root / n).exists() and (out / n).exists()]
+    if taken:
+        raise ConfigError(f"{out / taken[0]} exists; choose an empty --out folder (nothing is "
+                          "overwritten)")
+    model, config = train.load_params(root, step=step)
+    written = hf.save_pretrained(model, config, out, dtype=dtype)
+    for name in TOKENIZER_FILES:
+        if (root / name).exists():
+            shutil.copyfile(str(root / name), out / name)
+            written.append(name)
+    return written
+
+
+def main(argv: list[str]) -> None:
+    from absl import flags, logging
+
+    logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
+    FLAGS = flags.FLAGS
+    if len(argv) < 2 or argv[1] not in ("from_hf", "to_hf"):
+        sys.exit("usage: python -m gated_attention.convert from_hf HF_DIR --workdir=W | "
+                 "to_hf --workdir=W --out=DIR")
+    from gated_attention import workdir as workdir_lib
+
+    if not FLAGS.workdir:
+        sys.exit("Error: --workdir is required")
+    try:
+        if argv[1] == "from_hf":
+            if len(argv) != 3:
+                sys.exit("usage: python -m gated_attention.convert from_hf HF_DIR --workdir=W")
+            config = from_hf(argv[2], FLAGS.workdir, dtype=FLAGS.dtype or "float32")
+            print(f"Imported {argv[2]} ({config.variant}, {config.model.num_layers} layers) "
+                  f"into {FLAGS.workdir}")
+        else:
+            if len(argv) != 2 or not FLAGS.out:
+                sys.exit("usage: python -m gated_attention.convert to_hf --workdir=W --out=DIR")
+            written = to_hf(FLAGS.workdir, FLAGS.out, step=FLAGS.step, dtype=FLAGS.dtype)
+            print(f"Wrote {', '.join(written)} to {FLAGS.out}")
+    except (ConfigError, workdir_lib.WorkdirError, FileNotFoundError) as err:
+        sys.exit(f"Error: {err}")
+
+
+def _define_flags() -> None:
+    from absl import flags
+
+    flags.DEFINE_string("workdir", None, "The run's working directory.")
+    flags.DEFINE_string("out", None, "to_hf: the Hugging Face folder to write.")
+    flags.DEFINE_string("dtype", None, "from_hf: the compute dtype (float32, bfloat16); to_hf: "
+                        "the weights' dtype (default: the imported checkpoint's, else float32).")
+    flags.DEFINE_integer("step", None, "to_hf: the checkpoint step (default: the latest).")
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    _define_flags()
+    app.run(main)

@@ -1,0 +1,282 @@
+"""Evaluate a trained run at many lengths, with and without RoPE scaling.
+
+    python -m gated_attention.evaluate_length --workdir=runs/x --lengths=256,512,1024,2048 \
+        [--scalings=none,yarn] [--yarn_factor=0] [--tasks=passkey,multikey_niah,...] \
+        [--examples=8] [--ppl_rows=4] [--batch_size=1] [--block=512] [--seed=0] [--step=N]
+
+For each scaling and each length L it measures
+- held-out perplexity over whole rows of L tokens and per position bucket ([0, 64), [64, 128),
+  ... doubling up to L), on held-out document chunks that start at position 0 (as the
+  analysis does), or on windows of the concatenated held-out split when too few documents
+  are that long;
+- the synthetic retrieval tasks of analysis/retrieval_tasks.py, scored exactly.
+Attention runs through ops "chunked" (blockwise, no S x S matrix), so 16k tokens fit on a CPU.
+"yarn" uses factor = yarn_factor, or the longest length / the training length when 0, over
+the run's training length (data.seq_len). Results go to <workdir>/length_eval/length_eval.json;
+an evaluation with other settings already there is moved to length_eval.<n>/ first.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from absl import app, flags
+
+from gated_attention import paths
+from gated_attention.analysis import retrieval_tasks
+
+EVAL_DIR, RESULT_FILE = "length_eval", "length_eval.json"
+SCALINGS = ("none", "linear", "ntk", "yarn")
+FIRST_BUCKET = 64
+
+
+def position_buckets(length: int) -> list[tuple[int, int]]:
+    """[start, end) position ranges: [0, 64), [64, 128), ... doubling, the last ending at L."""
+    edges, edge = [0], FIRST_BUCKET
+    while edge < length:
+        edges.append(edge)
+        edge *= 2
+    return list(zip(edges, edges[1:] + [length]))
+
+
+def scaled_config(cfg: Any, scaling: str, train_length: int, factor: float, block: int) -> Any:
+    """The run's ModelConfig with `scaling` (over the training length) and chunked attention."""
+    from gated_attention.layers.rope import RopeScaling
+
+    if scaling not in SCALINGS:
+        raise ValueError(f"scaling={scaling!r} is not allowed; choose one of {', '.join(SCALINGS)}")
+    rope = (RopeScaling() if scaling == "none" else
+            RopeScaling(scaling, factor=factor, original_max_position=train_length))
+    return cfg.replace(rope_scaling=rope, attention_impl="chunked",
+                       block_sizes=(("block_q", block), ("block_kv", block)))
+
+
+def make_forward(graphdef: Any) -> Callable[..., tuple[Any, Any]]:
+    """jit(params, inputs [b, L], targets [b, L]) -> (per-token NLL [b, L], argmax [b, L]).
+
+    The NLL is the loss code's: logsumexp(logits) - logit of the target, in float32.
+    """
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    @jax.jit
+    def forward(params, inputs, targets):
+        model = nnx.merge(graphdef, params)
+        logits, _ = model(inputs)
+        logits = logits.astype(jnp.float32)
+        target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+        nll = jax.nn.logsumexp(logits, axis=-1) - target_logit
+        return nll, jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    return forward
+
+
+def perplexity_by_position(nll: np.ndarray, mask: np.ndarray, length: int) -> dict[str, Any]:
+    """Mean loss and perplexity over all masked targets, and per position bucket."""
+    nll, mask = np.asarray(nll, np.float64), np.asarray(mask, np.float64)
+
+    def summary(sl: slice) -> dict[str, Any]:
+        tokens = float(mask[:, sl].sum())
+        loss = float((nll[:, sl] * mask[:, sl]).sum() / max(tokens, 1.0))
+        return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": int(tokens)}
+
+    out = summary(slice(None))
+    out["buckets"] = [{"start": s, "end": e, **summary(slice(s, e))}
+                      for s, e in position_buckets(length)]
+    return out
+
+
+def held_out_rows(local: Any, data_config: Any, length: int, rows: int) -> tuple[np.ndarray, str]:
+    """`rows` rows of length + 1 held-out tokens, and where they come from."""
+    from gated_attention.data import pipeline
+
+    at_length = data_config.copy_and_resolve_references()
+    at_length.seq_len = length
+    batches = pipeline.analysis_batches(local, at_length, rows, 1)
+    if batches:
+        batch = batches[0]
+        return np.concatenate([batch["inputs"], batch["targets"][:, -1:]], axis=1), \
+            "held-out document chunks from position 0"
+    stream, add_bos = local.held_out.tokens, bool(data_config.add_bos)
+    take = length if add_bos else length + 1  # a BOS token starts every row when add_bos
+    count = min(rows, len(stream) // take)
+    if count == 0:
+        return np.zeros((0, length + 1), np.int32), "too few held-out tokens"
+    windows = stream[:count * take].reshape(count, take)
+    if add_bos:
+        bos = np.full((count, 1), local.tokenizer.bos_id, np.int32)
+        windows = np.concatenate([bos, windows], axis=1)
+    return windows.astype(np.int32), "windows of the concatenated held-out split"
+
+
+def evaluate(workdir: str | os.PathLike[str], lengths: Sequence[int], *,
+             scalings: Sequence[str] = ("none", "yarn"), yarn_factor: float = 0.0,
+             tasks: Sequence[str] = retrieval_tasks.TASKS, examples: int = 8, ppl_rows: int = 4,
+             batch_size: int = 1, block: int = 512, seed: int = 0,
+             step: int | None = None) -> dict[str, Any]:
+    """Evaluate the run in `workdir` at `lengths`; writes and returns the result."""
+    from flax import nnx
+
+    from gated_attention import config_lib, train
+    from gated_attention.data import pipeline
+    from gated_attention.model import abstract_model
+
+    workdir = paths.resolve(workdir)
+    lengths = sorted({int(x) for x in lengths})
+    _check_arguments(workdir, lengths, scalings, tasks, examples, ppl_rows, batch_size, block)
+    model, config = train.load_params(workdir, step=step)
+    step = step or _latest_step(workdir)
+    from gated_attention.data import LOCAL_SOURCES
+
+    if config.data.source not in LOCAL_SOURCES:
+        raise ValueError("evaluate_length reads the held-out split of a local data source "
+                         f"({', '.join(LOCAL_SOURCES)}); data.source={config.data.source!r} "
+                         "is not supported yet")
+    params = nnx.state(model, nnx.Param)
+    train_length = int(config.data.seq_len)
+    factor = yarn_factor or max(1.0, max(lengths) / train_length)
+    local = pipeline.load_local_data(config.data, config.model.vocab_size, workdir)
+    tokenizer, add_bos = local.tokenizer, bool(config.data.add_bos)
+    count_tokens = retrieval_tasks.token_counter(tokenizer, add_bos)
+    settings = {"step": int(step), "lengths": lengths, "scalings": list(scalings),
+                "yarn_factor": factor, "train_length": train_length, "tasks": list(tasks),
+                "examples": examples, "ppl_rows": ppl_rows, "seed": seed}
+    results: dict[str, Any] = {}
+    for scaling in scalings:
+        cfg = scaled_config(config_lib.model_config(config), scaling, train_length, factor, block)
+        forward = make_forward(nnx.split(abstract_model(cfg), nnx.Param, ...)[0])
+        per_length = {}
+        for length in lengths:
+            entry: dict[str, Any] = {}
+            rows, source = (held_out_rows(local, config.data, length, ppl_rows) if ppl_rows
+                            else (np.zeros((0, length + 1), np.int32), "not asked"))
+            if len(rows):
+                nll = np.concatenate([np.asarray(forward(params, rows[i:i + batch_size, :-1],
+                                                         rows[i:i + batch_size, 1:])[0])
+                                      for i in range(0, len(rows), batch_size)])
+                entry["perplexity"] = {**perplexity_by_position(nll, np.ones_like(nll), length),
+                                       "rows": len(rows), "data": source}
+            entry["tasks"] = {task: _task_score(forward, params, task, length, examples,
+                                                tokenizer, add_bos, count_tokens, seed,
+                                                batch_size) for task in tasks}
+            scored = [t["score"] for t in entry["tasks"].values() if t["score"] is not None]
+            entry["retrieval_score"] = float(np.mean(scored)) if scored else None
+            per_length[str(length)] = entry
+            _print_entry(scaling, length, entry)
+        results[scaling] = per_length
+    out = {"workdir": str(workdir), "variant": config.variant, "arch": config.arch,
+           "settings": settings, "results": results}
+    _write(workdir, out)
+    return out
+
+
+def _task_score(forward, params, task, length, examples, tokenizer, add_bos, count_tokens,
+                seed, batch_size) -> dict[str, Any]:
+    try:
+        items = retrieval_tasks.make_examples(task, length, examples, count_tokens, seed)
+    except ValueError as err:
+        return {"score": None, "note": str(err)}
+    if not items:
+        return {"score": None, "note": "no examples asked"}
+    batch = retrieval_tasks.answer_batch(items, tokenizer, length, add_bos)
+    predicted = np.concatenate([
+        np.asarray(forward(params, batch["inputs"][i:i + batch_size],
+                           batch["targets"][i:i + batch_size])[1])
+        for i in range(0, len(items), batch_size)])
+    scores = retrieval_tasks.score_predictions(items, tokenizer, predicted, batch["answer_mask"])
+    return {"score": float(np.mean(scores)), "scores": scores}
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def _print_entry(scaling: str, length: int, entry: dict[str, Any]) -> None:
+    ppl = entry.get("perplexity", {}).get("perplexity")
+    tasks = " ".join(f"{name}={_percent(task['score'])}" for name, task in entry["tasks"].items())
+    print(f"{scaling:>6} L={length:>6}: PPL {'-' if ppl is None else f'{ppl:.3f}'}, retrieval "
+          f"{_percent(entry['retrieval_score'])} ({tasks})", flush=True)
+
+
+def _latest_step(workdir: Any) -> int:
+    from gated_attention import checkpoint as checkpoint_lib
+
+    ckpt = checkpoint_lib.Checkpointer(workdir, keep=1, async_save=False)
+    step = ckpt.latest_step()
+    ckpt.close()
+    return int(step)
+
+
+def _check_arguments(workdir, lengths, scalings, tasks, examples, ppl_rows, batch_size,
+                     block) -> None:
+    """One-line errors for bad arguments, before anything is loaded, compiled or written."""
+    if not (workdir / "config.json").exists():
+        raise FileNotFoundError(f"{workdir} holds no config.json: not a training run")
+    if not lengths or min(lengths) < 2:
+        raise ValueError(f"--lengths={lengths} must be integers >= 2")
+    for scaling in scalings:
+        if scaling not in SCALINGS:
+            raise ValueError(f"--scalings: {scaling!r} is not allowed; choose from "
+                             f"{', '.join(SCALINGS)}")
+    retrieval_tasks.check_tasks(tasks)
+    for name, value in (("examples", examples), ("ppl_rows", ppl_rows),
+                        ("batch_size", batch_size), ("block", block)):
+        if value < (0 if name in ("examples", "ppl_rows") else 1):
+            raise ValueError(f"--{name}={value} is out of range")
+
+
+def _write(workdir: Any, result: dict[str, Any]) -> None:
+    """Write the result; an earlier one of other settings is moved aside, never overwritten."""
+    out = workdir / EVAL_DIR
+    old_file = out / RESULT_FILE
+    if old_file.exists() and json.loads(old_file.read_text()).get("settings") != \
+            result["settings"]:
+        n = 1
+        while (workdir / f"{EVAL_DIR}.{n}").exists():
+            n += 1
+        moved = paths.move_aside(out, f"{EVAL_DIR}.{n}")
+        print(f"Moved the earlier length evaluation (other settings) to {moved}")
+    paths.write_atomic(out / RESULT_FILE, json.dumps(result, indent=2) + "\n")
+
+
+flags.DEFINE_string("workdir", None, "A training run's directory.")
+flags.DEFINE_list("lengths", None, "Total lengths to evaluate at, e.g. 256,512,1024.")
+flags.DEFINE_list("scalings", ["none", "yarn"], f"RoPE scalings to compare: {SCALINGS}.")
+flags.DEFINE_float("yarn_factor", 0.0, "Scaling factor (0 = longest length / training length).")
+flags.DEFINE_list("tasks", list(retrieval_tasks.TASKS), "Retrieval tasks (empty: none).")
+flags.DEFINE_integer("examples", 8, "Examples per task and length.")
+flags.DEFINE_integer("ppl_rows", 4, "Held-out rows per length for perplexity.")
+flags.DEFINE_integer("batch_size", 1, "Rows per forward pass.")
+flags.DEFINE_integer("block", 512, "Query / key block of the chunked attention.")
+flags.DEFINE_integer("seed", 0, "Seed of the retrieval examples.")
+flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    FLAGS = flags.FLAGS
+    try:
+        lengths = [int(x) for x in FLAGS.lengths]
+    except ValueError:
+        sys.exit(f"Error: --lengths={','.join(FLAGS.lengths)} must be comma-separated integers")
+    try:
+        evaluate(FLAGS.workdir, lengths, scalings=FLAGS.scalings, yarn_factor=FLAGS.yarn_factor,
+                 tasks=[t for t in FLAGS.tasks if t], examples=FLAGS.examples,
+                 ppl_rows=FLAGS.ppl_rows, batch_size=FLAGS.batch_size, block=FLAGS.block,
+                 seed=FLAGS.seed, step=FLAGS.step)
+    except (FileNotFoundError, ValueError) as err:
+        sys.exit(f"Error: {err}")
+    print(f"Written to {paths.resolve(FLAGS.workdir) / EVAL_DIR / RESULT_FILE}")
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["workdir", "lengths"])
+    app.run(main)

@@ -1,0 +1,221 @@
+"""Text generation with a KV cache: one jitted prefill of the prompts, then a jitted decode loop.
+
+    python -m gated_attention.generate --workdir=runs/x --prompt="The gate" --max_new_tokens=64
+    python -m gated_attention.generate --hf=path/to/hf_folder --prompt="..." --temperature=0.7
+
+Works for every variant (gates, MoE and all): the model's own forward pass runs on the new
+tokens only, with each layer's keys and values kept in layers/kv_cache.py. Prompts of
+different lengths are left-padded (their pads never attend or get attended to). Sampling is
+greedy (temperature 0), or softmax(logits / temperature) restricted to the smallest set of
+tokens whose probability reaches top_p (nucleus sampling).
+
+    decoder = Decoder(model, batch=1, max_len=128)
+    logits, caches = decoder.prefill(tokens, positions)      # logits of the last position
+    logits, caches = decoder.step(caches, next_token, position)
+    new_tokens = generate(model, [prompt_ids], max_new_tokens=32)
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from gated_attention.layers.kv_cache import KVCache, empty_caches
+from gated_attention.model import Transformer
+
+Caches = list[KVCache]
+
+
+def top_p_filter(logits: jax.Array, top_p: float) -> jax.Array:
+    """Logits [b, V] with every token outside the top-p nucleus set to -inf.
+
+    The nucleus is the smallest set of most likely tokens whose probabilities sum to at least
+    top_p; the most likely token is always kept.
+    """
+    if top_p >= 1.0:
+        return logits
+    order = jnp.argsort(-logits, axis=-1)
+    sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # mass of the more likely tokens
+    keep_sorted = before < top_p
+    keep = jnp.zeros_like(keep_sorted).at[
+        jnp.arange(logits.shape[0])[:, None], order].set(keep_sorted)
+    return jnp.where(keep, logits, -jnp.inf)
+
+
+def sample(logits: jax.Array, key: jax.Array, temperature: float, top_p: float) -> jax.Array:
+    """Next tokens [b] from float32 logits [b, V]."""
+    if temperature <= 0.0:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    scaled = top_p_filter(logits / temperature, top_p)
+    return jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
+
+
+def _forward(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array,
+             positions: jax.Array, caches: Caches) -> tuple[jax.Array, Caches]:
+    """Logits of the last new token [b, V] (float32), and the caches holding the new tokens."""
+    model = nnx.merge(graphdef, state)
+    logits, _ = model(tokens, positions=positions, kv_caches=caches)
+    return logits[:, -1].astype(jnp.float32), caches
+
+
+class Decoder:
+    """Prefill and decode steps of one model for a fixed batch size and cache length."""
+
+    def __init__(self, model: Transformer, *, batch: int, max_len: int):
+        self.cfg = model.cfg
+        self.batch, self.max_len = batch, max_len
+        self.graphdef, self.state = nnx.split(model)
+        self._forward = jax.jit(functools.partial(_forward, self.graphdef))
+
+    def empty_caches(self) -> Caches:
+        return empty_caches(self.cfg, self.batch, self.max_len)
+
+    def prefill(self, tokens: jax.Array, positions: jax.Array,
+                caches: Caches | None = None) -> tuple[jax.Array, Caches]:
+        """Run the prompts [b, P] (positions [b, P], negative for left padding)."""
+        caches = self.empty_caches() if caches is None else caches
+        return self._forward(self.state, tokens, positions, caches)
+
+    def step(self, caches: Caches, token: jax.Array, position: jax.Array
+             ) -> tuple[jax.Array, Caches]:
+        """One new token per row [b] at `position` [b]."""
+        return self._forward(self.state, token[:, None], position[:, None], caches)
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens [b, P], positions [b, P]): prompts right-aligned, pads at negative positions."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    longest = max(len(p) for p in prompts)
+    tokens = np.full((len(prompts), longest), pad_id, np.int32)
+    positions = np.zeros((len(prompts), longest), np.int32)
+    for row, prompt in enumerate(prompts):
+        pad = longest - len(prompt)
+        tokens[row, pad:] = prompt
+        positions[row] = np.arange(longest) - pad
+    return tokens, positions
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "temperature",
+                                             "top_p", "eos_id"))
+def _generate(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array,
+              positions: jax.Array, caches: Caches, key: jax.Array, *, max_new_tokens: int,
+              temperature: float, top_p: float, eos_id: int | None) -> jax.Array:
+    logits, caches = _forward(graphdef, state, tokens, positions, caches)
+    keys = jax.random.split(key, max_new_tokens)
+    first = sample(logits, keys[0], temperature, top_p)
+    start = positions[:, -1] + 1
+
+    def body(carry, step_key):
+        caches, token, position, done = carry
+        logits, caches = _forward(graphdef, state, token[:, None], position[:, None], caches)
+        nxt = sample(logits, step_key, temperature, top_p)
+        if eos_id is not None:  # a finished row keeps emitting EOS
+            done = done | (token == eos_id)
+            nxt = jnp.where(done, eos_id, nxt)
+        return (caches, nxt, position + 1, done), nxt
+
+    done = jnp.zeros(first.shape, bool)
+    _, rest = jax.lax.scan(body, (caches, first, start, done), keys[1:])
+    return jnp.concatenate([first[:, None], rest.T], axis=1)
+
+
+def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
+             temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+             eos_id: int | None = None, pad_id: int = 0) -> np.ndarray:
+    """New tokens [b, max_new_tokens] for each prompt (token ids), prefill + scan under jit."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p={top_p} must be in (0, 1]")
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy)")
+    tokens, positions = left_pad(prompts, pad_id)
+    graphdef, state = nnx.split(model)
+    caches = empty_caches(model.cfg, len(prompts), tokens.shape[1] + max_new_tokens)
+    out = _generate(graphdef, state, jnp.asarray(tokens), jnp.asarray(positions), caches,
+                    jax.random.key(seed), max_new_tokens=max_new_tokens,
+                    temperature=float(temperature), top_p=float(top_p), eos_id=eos_id)
+    return np.asarray(out)
+
+
+# ------------------------------------ command line ------------------------------------
+
+def load_for_generation(workdir: str = "", hf_dir: str = "") -> tuple[Transformer, Any, Any]:
+    """(model, run config, tokenizer) of a run's workdir or of a Hugging Face folder."""
+    if bool(workdir) == bool(hf_dir):
+        raise ValueError("give exactly one of --workdir (a run) and --hf (a Hugging Face folder)")
+    if hf_dir:
+        from gated_attention import hf
+        from gated_attention.data import hf_tokenizer
+
+        model, config = hf.load_pretrained(hf_dir)
+        tokenizer_file = pathlib.Path(hf_dir) / hf.TOKENIZER_FILE
+        if not tokenizer_file.exists():
+            raise FileNotFoundError(f"{tokenizer_file} not found: --hf needs the model's "
+                                    "tokenizer.json beside config.json")
+        return model, config, hf_tokenizer.HFTokenizer(tokenizer_file)
+    from gated_attention import train
+    from gated_attention.data.tokenizer import get_tokenizer
+
+    model, config = train.load_params(workdir)
+    tokenizer = get_tokenizer(config.data.tokenizer, config.model.vocab_size, workdir=workdir,
+                              model_path=config.data.get("tokenizer_path", ""))
+    return model, config, tokenizer
+
+
+def main(argv: list[str]) -> None:
+    from absl import flags, logging
+
+    logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
+    FLAGS = flags.FLAGS
+    if len(argv) > 1:
+        sys.exit(f"unexpected arguments: {' '.join(argv[1:])}")
+    try:
+        model, config, tokenizer = load_for_generation(FLAGS.workdir or "", FLAGS.hf or "")
+    except (ValueError, FileNotFoundError) as err:
+        sys.exit(f"Error: {err}")
+    prompt = [int(i) for i in tokenizer.encode([FLAGS.prompt])[0]]
+    if config.data.get("add_bos", False):
+        prompt = [int(tokenizer.bos_id)] + prompt
+    if not prompt:
+        sys.exit("Error: --prompt encodes to no tokens")
+    new = generate(model, [prompt], FLAGS.max_new_tokens, temperature=FLAGS.temperature,
+                   top_p=FLAGS.top_p, seed=FLAGS.seed,
+                   eos_id=None if FLAGS.ignore_eos else int(tokenizer.eos_id))[0]
+    eos = np.flatnonzero(new == tokenizer.eos_id)
+    if eos.size and not FLAGS.ignore_eos:
+        new = new[: eos[0]]
+    print(FLAGS.prompt + tokenizer.decode([int(i) for i in new]))
+
+
+def _define_flags() -> None:
+    from absl import flags
+
+    flags.DEFINE_string("workdir", None, "A training run (or a `convert from_hf` workdir).")
+    flags.DEFINE_string("hf", None, "A Hugging Face folder (config.json, safetensors, "
+                        "tokenizer.json), instead of --workdir.")
+    flags.DEFINE_string("prompt", "The", "Text to continue.")
+    flags.DEFINE_integer("max_new_tokens", 64, "Tokens to generate.")
+    flags.DEFINE_float("temperature", 0.0, "0 = greedy; else sample softmax(logits / T).")
+    flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: keep the most likely tokens up to this "
+                       "probability mass.")
+    flags.DEFINE_integer("seed", 0, "Sampling seed.")
+    flags.DEFINE_bool("ignore_eos", False, "Keep generating past the end-of-text token.")
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    _define_flags()
+    app.run(main)

@@ -1,0 +1,255 @@
+"""Hugging Face `config.json` (Qwen3, Qwen3-MoE, the paper's gated release) <-> run config.
+
+Import reads the architecture fields, picks the variant from the release's gate flags
+(`headwise_attn_output_gate` -> g1_sdpa_headwise, `elementwise_attn_output_gate` ->
+g1_sdpa_elementwise, neither -> baseline) and refuses, in one line naming the file and the
+field, whatever this project's model cannot reproduce exactly (sliding windows, other RoPE
+scalings, other activations, MoE layers mixed with dense ones, biases next to a packed gate).
+
+Export writes the fields back. A run imported from Hugging Face keeps the original config.json
+(as the string `config.hf_config`) and gets it back unchanged when nothing it maps was edited.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import ml_collections
+
+from gated_attention import config_lib
+from gated_attention.config_lib import ConfigError
+
+DENSE_ARCHITECTURE, MOE_ARCHITECTURE = "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"
+ARCHITECTURES = {DENSE_ARCHITECTURE: "qwen3", MOE_ARCHITECTURE: "qwen3_moe"}
+GATE_FLAGS = {"headwise_attn_output_gate": "g1_sdpa_headwise",
+              "elementwise_attn_output_gate": "g1_sdpa_elementwise"}
+EXPORTABLE_VARIANTS = ("baseline", "g1_sdpa_headwise", "g1_sdpa_elementwise")
+ROPE_TYPES = ("default", "linear", "yarn")
+YARN_KEYS = {"rope_type", "type", "factor", "original_max_position_embeddings", "beta_fast",
+             "beta_slow", "attention_factor", "rope_theta", "truncate"}
+
+
+def _fail(where: str, message: str) -> None:
+    raise ConfigError(f"{where}: {message}")
+
+
+def is_moe(hf: dict[str, Any], where: str = "config.json") -> bool:
+    """True for Qwen3-MoE, False for dense Qwen3; refuses any other architecture."""
+    names = hf.get("architectures") or []
+    known = [n for n in names if n in ARCHITECTURES]
+    if names and not known:
+        _fail(where, f"architectures={names} is not supported; choose one of "
+              f"{', '.join(ARCHITECTURES)}")
+    model_type = ARCHITECTURES[known[0]] if known else hf.get("model_type")
+    if model_type not in ARCHITECTURES.values():
+        _fail(where, f"model_type={model_type!r} is not supported; choose one of "
+              f"{', '.join(ARCHITECTURES.values())}")
+    return model_type == "qwen3_moe"
+
+
+def rope_fields(hf: dict[str, Any], where: str = "config.json"
+                ) -> tuple[float, dict[str, Any]]:
+    """(rope_base, config.model.rope_scaling fields) from `rope_theta` and `rope_scaling`
+    (or transformers 5's `rope_parameters`, which holds both)."""
+    parameters = hf.get("rope_parameters") or {}
+    theta = float(hf.get("rope_theta", parameters.get("rope_theta", 10_000.0)))
+    field = "rope_scaling" if hf.get("rope_scaling") is not None else "rope_parameters"
+    spec = hf.get(field) or {}
+    kind = spec.get("rope_type", spec.get("type", "default"))
+    none = dict(type="none", factor=1.0, original_max_position=0, beta_fast=32.0,
+                beta_slow=1.0, attention_factor=0.0)
+    if kind == "default":
+        return theta, none
+    if kind not in ROPE_TYPES:
+        _fail(where, f"{field}.rope_type={kind!r} is not supported; choose one of "
+              f"{', '.join(ROPE_TYPES)}")
+    factor = float(spec.get("factor", 1.0))
+    if kind == "linear":
+        return theta, {**none, "type": "linear", "factor": factor}
+    unknown = sorted(set(spec) - YARN_KEYS)
+    if unknown:
+        _fail(where, f"{field}.{unknown[0]} is not supported for yarn; supported: "
+              f"{', '.join(sorted(YARN_KEYS))}")
+    if spec.get("truncate", True) is not True:
+        _fail(where, f"{field}.truncate=False is not supported; only the default True")
+    original = spec.get("original_max_position_embeddings") or hf.get("max_position_embeddings")
+    return theta, {**none, "type": "yarn", "factor": factor,
+                   "original_max_position": int(original or 0),
+                   "beta_fast": float(spec.get("beta_fast") or 32.0),
+                   "beta_slow": float(spec.get("beta_slow") or 1.0),
+                   "attention_factor": float(spec.get("attention_factor") or 0.0)}
+
+
+def hf_rope_scaling(fields: dict[str, Any]) -> dict[str, Any] | None:
+    """The Hugging Face `rope_scaling` dict for config.model.rope_scaling fields."""
+    kind = fields.get("type", "none")
+    if kind == "none":
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(fields["factor"])}
+    if kind == "yarn":
+        out = {"rope_type": "yarn", "factor": float(fields["factor"]),
+               "original_max_position_embeddings": int(fields["original_max_position"]),
+               "beta_fast": float(fields["beta_fast"]), "beta_slow": float(fields["beta_slow"])}
+        if fields.get("attention_factor"):
+            out["attention_factor"] = float(fields["attention_factor"])
+        return out
+    raise ConfigError(f"model.rope_scaling.type={kind!r} has no Hugging Face form; choose one of "
+                      "none, linear, yarn")
+
+
+def variant_name(hf: dict[str, Any], where: str = "config.json") -> str:
+    on = [flag for flag in GATE_FLAGS if hf.get(flag)]
+    if len(on) > 1:
+        _fail(where, f"{on[0]} and {on[1]} are both true; at most one gate flag may be set")
+    return GATE_FLAGS[on[0]] if on else "baseline"
+
+
+def model_fields(hf: dict[str, Any], where: str = "config.json") -> dict[str, Any]:
+    """The config.model fields of a Hugging Face config (validated; errors name the field)."""
+    moe = is_moe(hf, where)
+    for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
+        if not isinstance(hf.get(name), int) or hf[name] <= 0:
+            _fail(where, f"{name}={hf.get(name)!r} must be a positive integer")
+    if hf.get("hidden_act", "silu") != "silu":
+        _fail(where, f"hidden_act={hf['hidden_act']!r} is not supported; choose one of silu")
+    if hf.get("use_sliding_window"):
+        _fail(where, "use_sliding_window=true is not supported (this model attends to the whole "
+              "prefix); only false")
+    windowed = [t for t in hf.get("layer_types") or [] if t != "full_attention"]
+    if windowed:
+        _fail(where, f"layer_types holds {windowed[0]!r}; only 'full_attention' is supported")
+    variant = variant_name(hf, where)
+    bias = bool(hf.get("attention_bias") or hf.get("qkv_bias"))
+    if bias and variant != "baseline":
+        field = "attention_bias" if hf.get("attention_bias") else "qkv_bias"
+        _fail(where, f"{field}=true with a gate packed into q_proj is not supported (the gate "
+              "rows would carry a bias); only false")
+    heads = hf["num_attention_heads"]
+    rope_base, rope_scaling = rope_fields(hf, where)
+    fields = dict(
+        vocab_size=hf["vocab_size"], num_layers=hf["num_hidden_layers"],
+        d_model=hf["hidden_size"], num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        mlp_dim=hf.get("intermediate_size", 0),
+        tied_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qk_norm=bool(hf.get("use_qk_norm", True)), zero_centred_norm=False,
+        rope_base=rope_base, norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        qkv_bias=bias, o_proj_bias=bias,
+        num_experts=0, experts_per_token=0, expert_mlp_dim=0,
+    )
+    if moe:
+        if hf.get("decoder_sparse_step", 1) != 1:
+            _fail(where, f"decoder_sparse_step={hf['decoder_sparse_step']} is not supported "
+                  "(every layer must be an MoE layer); only 1")
+        if hf.get("mlp_only_layers"):
+            _fail(where, f"mlp_only_layers={hf['mlp_only_layers']} is not supported (every layer "
+                  "must be an MoE layer); only []")
+        fields.update(num_experts=hf.get("num_experts", 0),
+                      experts_per_token=hf.get("num_experts_per_tok", 0),
+                      expert_mlp_dim=hf.get("moe_intermediate_size", 0),
+                      moe_renormalize=bool(hf.get("norm_topk_prob", False)),
+                      moe_capacity_factor=0.0)
+        fields["mlp_dim"] = fields["mlp_dim"] or fields["expert_mlp_dim"]
+        for name, key in (("num_experts", "num_experts"),
+                          ("experts_per_token", "num_experts_per_tok"),
+                          ("expert_mlp_dim", "moe_intermediate_size")):
+            if not isinstance(fields[name], int) or fields[name] <= 0:
+                _fail(where, f"{key}={hf.get(key)!r} must be a positive integer")
+    elif not isinstance(fields["mlp_dim"], int) or fields["mlp_dim"] <= 0:
+        _fail(where, f"intermediate_size={hf.get('intermediate_size')!r} must be a positive "
+              "integer")
+    fields["rope_scaling"] = rope_scaling
+    return fields
+
+
+def closest_arch(fields: dict[str, Any]) -> str:
+    """The project arch nearest in size (a label: every model field is set explicitly)."""
+    moe = fields["num_experts"] > 0
+    candidates = [a for a, f in config_lib.ARCHS.items() if (f.get("num_experts", 0) > 0) == moe]
+    size = fields["d_model"] * fields["num_layers"]
+    return min(candidates, key=lambda a: abs(math.log(
+        config_lib.ARCHS[a]["d_model"] * config_lib.ARCHS[a]["num_layers"] / size)))
+
+
+def run_config(hf: dict[str, Any], *, dtype: str = "float32",
+               where: str = "config.json") -> ml_collections.ConfigDict:
+    """A full run config (base_config plus the imported fields) for a Hugging Face config."""
+    fields = model_fields(hf, where)
+    rope_scaling = fields.pop("rope_scaling")
+    config = config_lib.base_config(closest_arch(fields), variant_name(hf, where))
+    config.model.update(fields)
+    config.model.dtype = dtype
+    if "scan_layers" in config.model:  # imports build one module per layer
+        config.model.scan_layers = False
+    if "rope_scaling" in config.model:
+        config.model.rope_scaling.update(rope_scaling)
+    elif rope_scaling["type"] != "none":
+        field = "rope_scaling" if hf.get("rope_scaling") is not None else "rope_parameters"
+        _fail(where, f"{field}.rope_type={rope_scaling['type']!r} needs config.model.rope_scaling, "
+              "which this build lacks; only default RoPE")
+    max_len = hf.get("max_position_embeddings")
+    if isinstance(max_len, int) and max_len > 1:
+        config.data.seq_len = min(config.data.seq_len, max_len)
+    config.hf_config = json.dumps(hf, sort_keys=True)
+    config_lib.model_config(config)  # the project's own validation, before anything is built
+    return config
+
+
+def hf_config(config: ml_collections.ConfigDict, *, dtype: str) -> dict[str, Any]:
+    """The Hugging Face config.json for a run config (refuses what Qwen3 cannot express)."""
+    cfg = config_lib.model_config(config)
+    variant = cfg.variant
+    if variant != config_lib.get_variant(variant.name) or variant.name not in EXPORTABLE_VARIANTS:
+        raise ConfigError(f"attention: variant {variant.name!r} (as configured) has no Hugging "
+                          f"Face layout; exportable: {', '.join(EXPORTABLE_VARIANTS)}")
+    if cfg.zero_centred_norm:
+        raise ConfigError("model.zero_centred_norm=True has no Qwen3 form; only False")
+    if cfg.qkv_bias != cfg.o_proj_bias:
+        raise ConfigError(f"model.qkv_bias={cfg.qkv_bias} and model.o_proj_bias="
+                          f"{cfg.o_proj_bias} differ; Qwen3 has one switch for both")
+    if cfg.qkv_bias and variant.name != "baseline":
+        raise ConfigError("model.qkv_bias=True with a gate packed into q_proj has no Hugging "
+                          "Face form; only False")
+    heads, kv_heads = cfg.heads
+    out: dict[str, Any] = {
+        "architectures": [MOE_ARCHITECTURE if cfg.is_moe else DENSE_ARCHITECTURE],
+        "model_type": "qwen3_moe" if cfg.is_moe else "qwen3",
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
+        "num_hidden_layers": cfg.num_layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.mlp_dim, "hidden_act": "silu",
+        "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_base,
+        "rope_scaling": hf_rope_scaling(dict(config.model.get("rope_scaling") or {})),
+        "tie_word_embeddings": cfg.tied_embeddings, "use_qk_norm": cfg.qk_norm,
+        "attention_bias": cfg.qkv_bias, "qkv_bias": cfg.qkv_bias,
+        "headwise_attn_output_gate": variant.name == "g1_sdpa_headwise",
+        "elementwise_attn_output_gate": variant.name == "g1_sdpa_elementwise",
+        "use_sliding_window": False, "attention_dropout": 0.0,
+        "max_position_embeddings": int(config.data.seq_len), "torch_dtype": dtype,
+    }
+    if cfg.is_moe:
+        experts, top_k = cfg.experts
+        out.update(num_experts=experts, num_experts_per_tok=top_k,
+                   moe_intermediate_size=cfg.expert_mlp_dim,
+                   norm_topk_prob=cfg.moe_renormalize, decoder_sparse_step=1,
+                   mlp_only_layers=[])
+    original = json.loads(config.get("hf_config") or "null")
+    if original is None:
+        return out
+    # An imported run: keep the original file where it still describes this model.
+    merged = dict(original) if _same_model(original, out) else {**original, **out}
+    for key in ("torch_dtype", "dtype"):  # transformers 4 and 5 name the weights' dtype so
+        if key in original or key == "torch_dtype":
+            merged[key] = dtype
+    return merged
+
+
+def _same_model(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    try:
+        return (model_fields(a) == model_fields(b) and variant_name(a) == variant_name(b))
+    except ConfigError:
+        return False

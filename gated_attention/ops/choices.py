@@ -1,0 +1,72 @@
+"""What `impl="auto"` takes, as data: per platform, the implementations in order of speed.
+
+`auto` walks the platform's list and takes the first implementation whose capabilities cover
+the request (normaliser, segment ids, dtype, equal lengths); nothing is ever silently dropped,
+and XLA (every feature, any platform) ends every list. The order is a measured claim: change
+it when a benchmark on that platform says otherwise (benchmarks/attention.py prints the rows
+that decide it; docs/kernels_speed.md records which measurement each order rests on).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+ALL_NORMALIZERS = frozenset({"softmax", "softmax_off_by_one", "learned_sink", "softpick"})
+HALF = frozenset({"bfloat16", "float16"})
+ANY_DTYPE = frozenset({"float32", "bfloat16", "float16", "float64"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Capability:
+    """What one implementation can serve."""
+
+    normalizers: frozenset[str] = ALL_NORMALIZERS
+    segments: bool = True
+    dtypes: frozenset[str] = ANY_DTYPE
+    cross_lengths: bool = False  # query and key lengths may differ
+    platforms: frozenset[str] = frozenset({"cpu", "gpu", "tpu"})
+    x64: bool = True  # traces with jax_enable_x64 on
+
+    def serves(self, *, normalizer: str, segments: bool, dtype: str | None, same_length: bool,
+               platform: str, x64: bool = False) -> bool:
+        return (platform in self.platforms and normalizer in self.normalizers
+                and (self.x64 or not x64)
+                and (self.segments or not segments)
+                and (dtype or "float32") in self.dtypes  # unknown dtype: taken as float32
+                and (self.cross_lengths or same_length))
+
+
+CAPABILITIES: dict[str, Capability] = {
+    "xla": Capability(cross_lengths=True),
+    # jax.nn.dot_product_attention(implementation="cudnn"): plain softmax, 16-bit, no packing.
+    "cudnn": Capability(normalizers=frozenset({"softmax"}), segments=False, dtypes=HALF,
+                        cross_lengths=True, platforms=frozenset({"gpu"})),
+    "pallas_gpu": Capability(dtypes=ANY_DTYPE - {"float64"}, platforms=frozenset({"gpu"})),
+    "pallas_tpu": Capability(dtypes=ANY_DTYPE - {"float64"}, platforms=frozenset({"tpu"})),
+    # jax's splash attention: sinks cover off-by-one (a zero sink) and learned sinks.
+    "splash": Capability(normalizers=ALL_NORMALIZERS - {"softpick"},
+                         dtypes=frozenset({"float32", "bfloat16"}),
+                         platforms=frozenset({"tpu"}), x64=False),
+}
+
+# Fastest first. GPU: cuDNN (about 410-470 TFLOP/s fwd+bwd on an H200 at B4 S4096 H16 D128)
+# ahead of the Triton kernel (predicted 0.4-0.55x of it); TPU: splash, predicted 1.3-2x the
+# project's Mosaic kernel, until a TPU measurement says otherwise; CPU: XLA.
+PREFERENCE: dict[str, tuple[str, ...]] = {
+    "gpu": ("cudnn", "pallas_gpu", "xla"),
+    "tpu": ("splash", "pallas_tpu", "xla"),
+    "cpu": ("xla",),
+}
+
+
+def choose(platform: str, *, normalizer: str, segments: bool, dtype: str | None,
+           same_length: bool, x64: bool = False) -> str:
+    """The first implementation in PREFERENCE[platform] that serves every requested feature."""
+    if platform not in PREFERENCE:
+        raise ValueError(f"platform={platform!r} is not allowed; choose one of "
+                         f"{', '.join(PREFERENCE)}")
+    for impl in PREFERENCE[platform]:
+        if CAPABILITIES[impl].serves(normalizer=normalizer, segments=segments, dtype=dtype,
+                                     same_length=same_length, platform=platform, x64=x64):
+            return impl
+    return "xla"

@@ -1,0 +1,145 @@
+"""`ops.attention`: validate once, resolve "auto" for the compile target, call one kernel.
+
+impl: "xla" (reference.py: every feature, any platform), "cudnn" (jax.nn.dot_product_attention
+on GPU: plain softmax, no segment ids), "pallas_gpu" (Triton), "pallas_tpu" (Mosaic),
+"splash" (jax's splash attention on TPU: every normaliser but softpick), "chunked"
+(chunked.py: the XLA reference's features blockwise, never holding S x S), or "auto": the
+fastest that serves every requested feature, from the table in ops/choices.py; a feature is
+never silently dropped.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+
+from gated_attention.ops import choices
+from gated_attention.ops.gating import GATE_ACTIVATIONS
+from gated_attention.ops.reference import NORMALIZERS
+from gated_attention.ops.sharded import Axes, per_device
+from gated_attention.ops.target import target_platform
+
+# impl -> module under gated_attention.ops whose `attention(q, k, v, ...)` serves it.
+MODULES = {"xla": "reference", "cudnn": "cudnn", "pallas_gpu": "pallas_gpu",
+           "pallas_tpu": "pallas_tpu", "splash": "splash", "chunked": "chunked"}
+# Kernels XLA cannot partition: run per device under shard_map; they take interpret and
+# block_sizes.
+PER_DEVICE = ("pallas_gpu", "pallas_tpu", "splash")
+IMPLS = (*MODULES, "auto")
+
+
+def validate_attention_args(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    gate: jax.Array | None,
+    gate_activation: str,
+    segment_ids: jax.Array | None,
+    normalizer: str,
+    sink_logits: jax.Array | None,
+    impl: str,
+) -> None:
+    """Raise a ValueError naming the argument and its allowed values, before any tracing."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl={impl!r} is not allowed; choose one of {', '.join(IMPLS)}")
+    if normalizer not in NORMALIZERS:
+        raise ValueError(
+            f"normalizer={normalizer!r} is not allowed; choose one of {', '.join(NORMALIZERS)}"
+        )
+    if gate_activation not in GATE_ACTIVATIONS:
+        raise ValueError(
+            f"gate_activation={gate_activation!r} is not allowed; choose one of "
+            f"{', '.join(GATE_ACTIVATIONS)}"
+        )
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError("q, k, v must be [batch, seq, heads, head_dim]; got shapes "
+                         f"{q.shape}, {k.shape}, {v.shape}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got {k.shape} and {v.shape}")
+    b, s, h, d = q.shape
+    if k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(f"k/v batch and head_dim must match q; got q {q.shape}, k {k.shape}")
+    if h % k.shape[2]:
+        raise ValueError(f"query heads ({h}) must be a multiple of kv heads ({k.shape[2]})")
+    if gate is not None and gate.shape not in ((b, s, h, d), (b, s, h)):
+        raise ValueError(
+            f"gate must be [b, s, h, d]={(b, s, h, d)} (elementwise) or [b, s, h]={(b, s, h)} "
+            f"(headwise); got {gate.shape}"
+        )
+    if segment_ids is not None and segment_ids.shape != (b, s):
+        raise ValueError(f"segment_ids must be [batch, seq]={(b, s)}; got {segment_ids.shape}")
+    if normalizer == "learned_sink":
+        if sink_logits is None or sink_logits.shape != (h,):
+            got = None if sink_logits is None else sink_logits.shape
+            raise ValueError(f"normalizer='learned_sink' needs sink_logits of shape ({h},); "
+                             f"got {got}")
+    elif sink_logits is not None:
+        raise ValueError(f"sink_logits is only used with normalizer='learned_sink', "
+                         f"not {normalizer!r}")
+
+
+def resolve_impl(impl: str, *, segment_ids: jax.Array | None, normalizer: str,
+                 platform: str | None = None, dtype: jnp.dtype | None = None,
+                 same_length: bool = True) -> str:
+    """Map "auto" to the fastest implementation that supports every requested feature.
+
+    The platform is the compile target (ops.target), not the host; the order per platform
+    and what each implementation serves are data in ops/choices.py.
+    """
+    if impl != "auto":
+        return impl
+    return choices.choose(platform or target_platform(), normalizer=normalizer,
+                          segments=segment_ids is not None,
+                          dtype=None if dtype is None else jnp.dtype(dtype).name,
+                          same_length=same_length, x64=bool(jax.config.jax_enable_x64))
+
+
+def attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    gate: jax.Array | None = None,
+    gate_activation: str = "sigmoid",
+    segment_ids: jax.Array | None = None,
+    causal: bool = True,
+    normalizer: str = "softmax",
+    sink_logits: jax.Array | None = None,
+    impl: str = "xla",
+    interpret: bool = False,
+    block_sizes: dict[str, int] | None = None,
+    mesh_axes: Mapping[str, Axes] | None = None,
+) -> jax.Array:
+    """softmax-family attention with an optional fused output gate `out * act(gate)`.
+
+    q [b, s, h, d]; k, v [b, t, kv_heads, d]; gate [b, s, h, d] or [b, s, h];
+    segment_ids [b, s] (packed sequences never attend across segments);
+    sink_logits [h] for normalizer="learned_sink".
+    mesh_axes: {"batch": mesh axes, "heads": mesh axes} that split q/k/v under a mesh, for
+    the kernels that run per device (default: the batch over the whole mesh).
+    """
+    validate_attention_args(
+        q, k, v, gate=gate, gate_activation=gate_activation, segment_ids=segment_ids,
+        normalizer=normalizer, sink_logits=sink_logits, impl=impl,
+    )
+    impl = resolve_impl(impl, segment_ids=segment_ids, normalizer=normalizer, dtype=q.dtype,
+                        same_length=k.shape[1] == q.shape[1])
+    module = importlib.import_module(f"gated_attention.ops.{MODULES[impl]}")
+    kwargs = dict(gate_activation=gate_activation, causal=causal, normalizer=normalizer)
+    optional = dict(gate=gate, segment_ids=segment_ids, sink_logits=sink_logits)
+    if impl == "chunked":  # blockwise XLA (long contexts): the config's block_q / block_kv
+        blocks = {name: size for name, size in (block_sizes or {}).items()
+                  if name in ("block_q", "block_kv")}
+        return module.attention(q, k, v, **kwargs, **optional, **blocks)
+    if impl not in PER_DEVICE:
+        return module.attention(q, k, v, **kwargs, **optional)
+
+    def kernel(q, k, v, **optional):
+        return module.attention(q, k, v, interpret=interpret, block_sizes=block_sizes,
+                                **kwargs, **optional)
+
+    return per_device(kernel, q, k, v, optional, mesh_axes)

@@ -1,0 +1,110 @@
+"""TPU attention through jax's own splash attention kernel, with the G1 gate applied after.
+
+`jax.experimental.pallas.ops.tpu.splash_attention` is Google's tuned Mosaic kernel: block-
+sparse causal masks (fully masked tiles are never visited), segment ids, grouped kv heads and
+per-head sinks, with a fused dk/dv/dq backward. It serves every normaliser here but softpick:
+  softmax             no sink
+  softmax_off_by_one  a sink logit of 0 on every head (the "+1" in the denominator)
+  learned_sink        the head's learned sink logit (splash also returns its gradient)
+The gate `out * act(g)` follows as an XLA elementwise op, which XLA fuses with the layout
+change back to [b, s, h, d].
+
+Splash works on one example ([heads, seq, head_dim]); the batch is vmapped. Lengths are padded
+to a multiple of 128 (its lane tile): padded keys are never visible to real queries (the
+causal mask hides them, or, without it, a segment id of their own).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+from gated_attention.ops import _flash_common as fc
+from gated_attention.ops.gating import apply_output_gate
+
+NAME = "splash"
+NORMALIZERS = ("softmax", "softmax_off_by_one", "learned_sink")
+LANES = 128
+PADDING_SEGMENT = -1
+
+
+def tile(padded: int, preferred: int = 512) -> int:
+    """The largest of 512 / 256 / 128 (at most `preferred`) that divides the padded length."""
+    for size in (512, 256, 128):
+        if size <= preferred and padded % size == 0:
+            return size
+    return LANES
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel(heads: int, padded: int, causal: bool, block: int, interpret: bool):
+    """A splash kernel for one example's shape (masks are processed once, in numpy)."""
+    mask_cls = splash.CausalMask if causal else splash.FullMask
+    mask = splash.MultiHeadMask([mask_cls((padded, padded)) for _ in range(heads)])
+    sizes = splash.BlockSizes(
+        block_q=block, block_kv=block, block_kv_compute=block,
+        block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+        use_fused_bwd_kernel=True)
+    return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                  interpret=pltpu.InterpretParams() if interpret else False)
+
+
+def _sinks(normalizer: str, heads: int, sink_logits: jax.Array | None) -> jax.Array | None:
+    if normalizer == "learned_sink":
+        return sink_logits.astype(jnp.float32)
+    if normalizer == "softmax_off_by_one":
+        return jnp.zeros((heads,), jnp.float32)
+    return None
+
+
+def attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    gate: jax.Array | None = None,
+    gate_activation: str = "sigmoid",
+    segment_ids: jax.Array | None = None,
+    causal: bool = True,
+    normalizer: str = "softmax",
+    sink_logits: jax.Array | None = None,
+    interpret: bool | None = False,
+    block_sizes: dict[str, int] | None = None,
+) -> jax.Array:
+    """Splash attention then the gate; arguments mean what they mean in `ops.attention`.
+
+    interpret: run in the Pallas TPU interpret mode (automatic when the target is a CPU).
+    block_sizes: {"block_q": n} caps splash's square tile (512 / 256 / 128).
+    """
+    fc.check_kernel_args(NAME, q, k, normalizer, gate_activation)
+    if normalizer not in NORMALIZERS:
+        raise ValueError(f"impl='splash' supports normalizer in {', '.join(NORMALIZERS)}, not "
+                         f"{normalizer!r}; use impl='pallas_tpu', 'xla' or 'auto'")
+    if jax.config.jax_enable_x64:
+        raise ValueError("impl='splash' does not trace with jax_enable_x64 on (jax's kernel "
+                         "mixes int32 and int64 indices); use impl='pallas_tpu' or 'auto'")
+    b, s, h, d = q.shape
+    padded = fc.round_up(s, LANES)
+    preferred = (block_sizes or {}).get("block_q", 512)
+    kernel = _kernel(h, padded, causal, tile(padded, preferred),
+                     fc.resolve_interpret(interpret))
+
+    def head_major(x, scale=1.0):  # [b, s, n, d] -> [b, n, S, d]
+        return fc.pad_axis(jnp.einsum("bsnd->bnsd", x) * jnp.asarray(scale, x.dtype), 2, padded)
+
+    ids = segment_ids
+    if ids is None and not causal and padded != s:
+        ids = jnp.zeros((b, s), jnp.int32)  # only so the padding gets a segment of its own
+    seg = None
+    if ids is not None:
+        ids = fc.pad_axis(ids.astype(jnp.int32), 1, padded, PADDING_SEGMENT)
+        seg = splash.SegmentIds(q=ids, kv=ids)
+    sinks = _sinks(normalizer, h, sink_logits)
+    out = jax.vmap(kernel, in_axes=(0, 0, 0, 0, None))(
+        head_major(q, d ** -0.5), head_major(k), head_major(v), seg, sinks)
+    out = jnp.einsum("bhsd->bshd", out[:, :, :s])
+    return apply_output_gate(out, gate, gate_activation)

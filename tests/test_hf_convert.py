@@ -1,0 +1,108 @@
+"""convert from_hf -> workdir -> (load_params, generate, continued training) -> to_hf."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from gated_attention import config_lib, convert, generate, hf, train
+from gated_attention.hf import safetensors_io
+from gated_attention.workdir import WorkdirError
+from tests.data_fixtures import texts, train_bpe, write_jsonl
+from tests.hf_fixtures import random_tensors, tiny_hf_config, write_hf_folder
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    config = tiny_hf_config("g1_sdpa_headwise", vocab_size=320, torch_dtype="bfloat16",
+                            eos_token_id=2)
+    tensors = {k: v.astype(ml_dtypes.bfloat16) for k, v in random_tensors(config).items()}
+    folder = write_hf_folder(root / "model", config, tensors)
+    train_bpe(folder / "tokenizer.json", texts(40), vocab_size=320)
+    return folder, tensors
+
+
+def test_from_hf_to_hf_round_trip_and_generation(hf_folder, tmp_path):
+    folder, tensors = hf_folder
+    config = convert.from_hf(folder, tmp_path / "run")
+    run = tmp_path / "run"
+    assert (run / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
+    assert config.data.tokenizer == "hf" and config.variant == "g1_sdpa_headwise"
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["model"]["num_layers"] == 2 and saved["data"]["tokenizer"] == "hf"
+
+    model, _ = train.load_params(run)  # what analyze and the notebooks call
+    imported, _ = hf.load_pretrained(folder)
+    ids = jnp.asarray([[5, 9, 2, 30, 11]])
+    np.testing.assert_array_equal(np.asarray(model(ids)[0]), np.asarray(imported(ids)[0]))
+
+    written = convert.to_hf(run, tmp_path / "out")
+    assert "tokenizer.json" in written
+    back = safetensors_io.read_tensors(tmp_path / "out")
+    assert sorted(back) == sorted(tensors)
+    for name, value in tensors.items():
+        assert back[name].dtype == value.dtype and back[name].tobytes() == value.tobytes()
+    assert json.loads((tmp_path / "out" / "config.json").read_text()) == json.loads(
+        (folder / "config.json").read_text())
+
+    model, _, tokenizer = generate.load_for_generation(workdir=str(run))
+    prompt = [int(i) for i in tokenizer.encode(["The model"])[0]]
+    new = generate.generate(model, [prompt], max_new_tokens=4)
+    assert new.shape == (1, 4) and new.max() < 320
+
+
+def test_continued_training_starts_from_the_imported_weights(hf_folder, tmp_path):
+    folder, _ = hf_folder
+    convert.from_hf(folder, tmp_path / "run")
+    from configs.from_workdir import get_config
+
+    config = get_config(str(tmp_path / "run"))
+    config.data.update(dict(source="files", paths=write_jsonl(tmp_path / "c.jsonl", texts(60)),
+                            seq_len=32, cache_dir=str(tmp_path / "cache"), eval_fraction=0.2))
+    config.train.update(dict(steps=2, batch_size=2, eval_every=0, eval_batches=0, log_every=1,
+                             checkpoint_every=0, async_checkpoint=False))
+    config.optimizer.update(dict(warmup_steps=1, peak_lr=1e-7, final_lr=0.0))
+    train.run(config, tmp_path / "ft", progress=False, devices=jax.devices()[:1])
+    tuned, _ = train.load_params(tmp_path / "ft")
+    start, _ = train.load_params(tmp_path / "run")
+    tuned_params, start_params = hf.flat_params(tuned), hf.flat_params(start)
+    for name, value in start_params.items():  # a tiny learning rate: still the import
+        np.testing.assert_allclose(tuned_params[name], value, atol=1e-5, err_msg=name)
+    assert not (tmp_path / "run" / "checkpoints" / "2").exists()  # the import is untouched
+
+
+def test_convert_refuses_before_writing(hf_folder, tmp_path):
+    folder, _ = hf_folder
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    with pytest.raises(WorkdirError, match="not empty"):
+        convert.from_hf(folder, tmp_path / "busy")
+    assert sorted(p.name for p in (tmp_path / "busy").iterdir()) == ["notes.txt"]
+    bad = json.loads((folder / "config.json").read_text())
+    bad["use_sliding_window"] = True
+    (tmp_path / "bad").mkdir()
+    for name in ("model.safetensors", "tokenizer.json"):
+        (tmp_path / "bad" / name).write_bytes((folder / name).read_bytes())
+    (tmp_path / "bad" / "config.json").write_text(json.dumps(bad))
+    with pytest.raises(config_lib.ConfigError, match="use_sliding_window"):
+        convert.from_hf(tmp_path / "bad", tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+    # a new run that would start from weights that do not fit is refused before compiling
+    convert.from_hf(folder, tmp_path / "run")
+    config = config_lib.base_config("tiny", "g1_sdpa_headwise")
+    config.train.init_from = str(tmp_path / "run")
+    with pytest.raises(config_lib.ConfigError, match=r"has parameter embed of shape \(320, 32\), "
+                                                     r"this model needs \(1024, 128\)"):
+        config_lib.validate_run_config(config)
+    config.train.init_from = str(tmp_path / "busy")
+    with pytest.raises(config_lib.ConfigError, match="is not a run workdir with checkpoints"):
+        config_lib.validate_run_config(config)
