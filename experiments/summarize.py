@@ -42,6 +42,16 @@ METRICS = (  # (our key, paper key, column title)
     ("gate", "gate_score", "gate score"),
 )
 TABLE4 = "table4_sink_and_activation"
+# The synthetic sink task's metrics (analysis.json "task", gated_attention/analysis/backcopy.py):
+# our key -> its key there.
+SINK_TASK_KEYS = {
+    "f_attn_other": "f_attn_other", "f_attn_trigger": "f_attn_trigger",
+    "sink_heads": "sink_head_share", "bos_ratio": "bos_residual_ratio",
+    "gate_trigger": "gate_trigger", "gate_other": "gate_other",
+    "trigger_acc": "trigger_accuracy", "bigram_excess": "bigram_excess_loss",
+}
+# A variant "removes the sink" when its F-Attn is below this share of the baseline's.
+SINK_FREE_SHARE = 1 / 3
 
 
 def _load_json(path: epath.Path) -> dict[str, Any] | None:
@@ -101,6 +111,8 @@ def run_row(root: epath.Path, name: str, run: Mapping[str, Any],
             params_added_m=analysis["params"]["params_added_vs_baseline"] / 1e6,
             step=analysis["step"],
         )
+        task = analysis.get("task") or {}
+        row.update({ours: task.get(key) for ours, key in SINK_TASK_KEYS.items() if task})
     paper = paper_row(tables, run.get("table", ""), run.get("variant", ""),
                       run.get("paper") or {})
     for ours, key, _ in METRICS:
@@ -129,7 +141,7 @@ def group_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                              "variant": first["variant"], "seeds": len(done),
                              "failed": len(members) - len(done)}
         for key in ("ppl", "eval_ppl", "f_attn", "sink_rate", "m_act", "gate", "spikes",
-                    "params_added_m"):
+                    "params_added_m", *SINK_TASK_KEYS):
             g[key], g[f"{key}_std"] = _mean_std([m.get(key) for m in done])
         g["diverged"] = sum(bool(m.get("diverged")) for m in done)
         for key in ("paper_ppl", "paper_f_attn", "paper_m_act", "paper_gate",
@@ -206,6 +218,8 @@ def markdown(root: epath.Path, manifest: Mapping[str, Any] | None,
             rho = ("" if r["spearman"] is None
                    else f"; Spearman rho = {r['spearman']:.2f} over {r['shared']} rows")
             lines.append(f"  paper: {' < '.join(r['paper'])}{rho}")
+    if any(g.get("trigger_acc") is not None for g in groups):
+        lines += ["", *sink_section(groups)]
     bad = [r for r in rows if r["state"] != "done"]
     if bad:
         lines += ["", "## Runs not done", ""]
@@ -300,6 +314,85 @@ def table5_markdown(result: Mapping[str, Any]) -> list[str]:
                   "points): " + "; ".join(gaps) + "."]
     if result["missing"]:
         lines += ["", "Not evaluated yet: " + ", ".join(f"`{m}`" for m in result["missing"])]
+    return lines
+
+
+def sink_comparison(groups: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """F-Attn of the synthetic task against Table 4: Spearman's rho over the Table 4 rows we
+    ran, and the rows where we and the paper disagree on whether the sink is removed (F-Attn
+    below SINK_FREE_SHARE of the baseline's)."""
+    rows = [g for g in groups if g.get("f_attn") is not None and g.get("paper_f_attn")
+            is not None]
+    rho = None
+    if len(rows) >= 3:
+        rho = float(scipy_stats.spearmanr([g["f_attn"] for g in rows],
+                                          [g["paper_f_attn"] for g in rows]).statistic)
+        rho = None if math.isnan(rho) else rho
+    base = next((g for g in rows if g["variant"] == "baseline"), None)
+    disagree = []
+    if base is not None and base["f_attn"] > 0:
+        for g in rows:
+            ours = g["f_attn"] < SINK_FREE_SHARE * base["f_attn"]
+            paper = g["paper_f_attn"] < SINK_FREE_SHARE * base["paper_f_attn"]
+            if ours != paper:
+                disagree.append({"label": g["label"], "ours_sink_free": ours,
+                                 "ratio": g["f_attn"] / base["f_attn"],
+                                 "paper_ratio": g["paper_f_attn"] / base["paper_f_attn"]})
+    # M-Act: the paper's gated rows all lie below its baseline; name ours that do not.
+    m_act_up = [g["label"] for g in rows if base is not None and g is not base
+                and g.get("m_act") is not None and base.get("m_act") is not None
+                and g.get("paper_m_act") is not None and base.get("paper_m_act") is not None
+                and g["paper_m_act"] < base["paper_m_act"] and g["m_act"] > base["m_act"]]
+    return {"rows": len(rows), "spearman": rho, "baseline": base is not None,
+            "disagree": disagree, "m_act_up": m_act_up}
+
+
+def sink_section(groups: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Markdown: the synthetic sink task beside Table 4, and where the small scale disagrees."""
+    lines = [
+        "## Attention sink on the synthetic task, beside Table 4", "",
+        "F-Attn: attention on BOS (all queries but BOS; split into other and trigger "
+        "queries); sink heads: share of heads with F-Attn above 0.3 at other queries; BOS "
+        "ratio: the last layer's output norm at BOS over its mean elsewhere; gate: mean score "
+        "at trigger / other queries; acc: accuracy of the copy at triggers; excess: bigram "
+        "loss above the chain's entropy (nats). Mean over seeds.", "",
+        "| run | seeds | F-Attn | paper F-Attn | F-Attn other / trigger | sink heads | BOS ratio "
+        "| M-Act | paper M-Act | gate trigger / other | paper gate | acc | excess |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for g in groups:
+        lines.append(
+            f"| {g['label']} | {g['seeds']} | {_pm(g, 'f_attn')} | {_fmt(g['paper_f_attn'])} "
+            f"| {_fmt(g.get('f_attn_other'))} / {_fmt(g.get('f_attn_trigger'))} "
+            f"| {_fmt(g.get('sink_heads'), 2)} | {_fmt(g.get('bos_ratio'), 2)} "
+            f"| {_fmt(g.get('m_act'), 2)} | {_fmt(g['paper_m_act'])} "
+            f"| {_fmt(g.get('gate_trigger'))} / {_fmt(g.get('gate_other'))} "
+            f"| {_fmt(g['paper_gate'])} | {_fmt(g.get('trigger_acc'))} "
+            f"| {_fmt(g.get('bigram_excess'))} |")
+    cmp = sink_comparison(groups)
+    lines.append("")
+    if cmp["spearman"] is None:
+        lines.append(f"Spearman's rho of F-Attn against Table 4: needs at least 3 of its rows "
+                     f"(have {cmp['rows']}).")
+    else:
+        lines.append(f"Spearman's rho of F-Attn against Table 4: **{cmp['spearman']:.2f}** over "
+                     f"{cmp['rows']} rows.")
+    if not cmp["baseline"] or cmp["rows"] < 2:
+        lines.append("Which variants remove the sink needs a baseline run and another Table 4 "
+                     "row.")
+    elif not cmp["disagree"]:
+        lines.append("Every Table 4 row we ran agrees with the paper on whether the sink is "
+                     f"removed (F-Attn below {SINK_FREE_SHARE:.2f} of the baseline's).")
+    else:
+        lines.append("Where the small scale disagrees with the paper on whether the sink is "
+                     f"removed (F-Attn below {SINK_FREE_SHARE:.2f} of the baseline's):")
+        lines += [f"- {d['label']}: ours {d['ratio']:.2f} of the baseline "
+                  f"({'sink-free' if d['ours_sink_free'] else 'sink kept'}), paper "
+                  f"{d['paper_ratio']:.2f} ({'sink kept' if d['ours_sink_free'] else 'sink-free'})"
+                  for d in cmp["disagree"]]
+    if cmp["m_act_up"]:
+        lines.append("M-Act above the baseline's, where the paper's is below it: "
+                     + ", ".join(cmp["m_act_up"]) + ".")
     return lines
 
 

@@ -29,6 +29,7 @@ from gated_attention import paths
 DEFAULT_PROMPT = ("The quick brown fox jumps over the lazy dog. Attention sinks appear when "
                   "a model has nowhere else to put its attention.")
 MAX_PROMPT_TOKENS = 48
+BACKCOPY_MAP_TOKENS = 24  # attention maps of the synthetic task: one labelled sequence
 ANALYSIS_DIR = "analysis"
 
 
@@ -38,6 +39,13 @@ def analysis_batches(config: Any, workdir: epath.Path, batch_size: int, num_batc
     from gated_attention import data as data_lib
     from gated_attention.data import pipeline
 
+    if config.data.source == "bigram_backcopy":
+        from gated_attention.data import bigram_backcopy
+
+        chain = bigram_backcopy.chain_from_config(config.data, config.model.vocab_size)
+        batches = bigram_backcopy.eval_batches(chain, config.data.seq_len, batch_size,
+                                               num_batches, seed=config.data.shuffle_seed)
+        return batches, chain, "held-out Bigram-Backcopy sequences (BOS at position 0)"
     if config.data.source not in data_lib.LOCAL_SOURCES:  # streamed: seqio, tfds, shards
         inputs = data_lib.build_inputs(config, workdir)
         return (inputs.eval_batches[:num_batches], inputs.tokenizer,
@@ -154,7 +162,15 @@ def analyze(workdir: str | os.PathLike[str], *, step: int | None = None, batches
                                     sink_threshold=sink_threshold)
     num_layers = model.cfg.num_layers
     layers = default_layers(num_layers) if layers is None else list(layers)
-    ids, labels = prompt_tokens(tokenizer, prompt, bool(config.data.add_bos))
+    if config.data.source == "bigram_backcopy":  # the synthetic sink task: its own metrics
+        from gated_attention.analysis import backcopy
+
+        result["task"] = backcopy.task_statistics(model, tokenizer, held_out,
+                                                  sink_threshold=sink_threshold)
+        ids, labels = backcopy.example_sequence(tokenizer, BACKCOPY_MAP_TOKENS)
+        prompt = "a held-out-like Bigram-Backcopy sequence (T = trigger)"
+    else:
+        ids, labels = prompt_tokens(tokenizer, prompt, bool(config.data.add_bos))
     maps = stats.attention_maps(model, ids, layers)
     stability = stability_section(workdir, config)
     cfg = config_lib.model_config(config)

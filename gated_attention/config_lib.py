@@ -43,6 +43,10 @@ ARCHS: dict[str, dict[str, Any]] = {
                       num_kv_heads=6, head_dim=64, mlp_dim=512, tied_embeddings=False,
                       qk_norm=True, num_experts=32, experts_per_token=4, expert_mlp_dim=512,
                       moe_impl="auto"),
+    # The synthetic sink task (data.source=bigram_backcopy, docs/sinks.md): 64 chain tokens
+    # + BOS; a first-token sink forms in about 1,000 steps on a CPU.
+    "sink_tiny": dict(vocab_size=65, num_layers=2, d_model=64, num_heads=1, num_kv_heads=1,
+                      head_dim=32, mlp_dim=16, tied_embeddings=False, qk_norm=True),
 }
 # Sequence length and dtype defaults per arch (the paper trains at 4096 in bf16).
 ARCH_RUN_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -53,6 +57,7 @@ ARCH_RUN_DEFAULTS: dict[str, dict[str, Any]] = {
     "dense_1p7b_28l": dict(seq_len=4096, dtype="bfloat16"),
     "dense_1p7b_48l": dict(seq_len=4096, dtype="bfloat16"),
     "moe_15a2b": dict(seq_len=4096, dtype="bfloat16"),
+    "sink_tiny": dict(seq_len=64, dtype="float32", source="bigram_backcopy"),
 }
 _MODEL_FIELDS = ({f.name for f in dataclasses.fields(ModelConfig)}
                  - {"variant", "block_sizes", "rope_scaling"})
@@ -96,7 +101,8 @@ def attention_section(variant: str) -> ml_collections.ConfigDict:
         raise ConfigError(str(err)) from None
 
 
-DATA_SOURCES = ("cpython_docs", "python_source", "files", "seqio", "tfds", "array_record")
+DATA_SOURCES = ("cpython_docs", "python_source", "files", "seqio", "tfds", "array_record",
+                "bigram_backcopy")
 TOKENIZERS = ("sentencepiece", "byte", "hf")
 SENTENCEPIECE_MODELS = ("unigram", "bpe")
 ON_NONFINITE = ("stop", "skip")
@@ -106,7 +112,7 @@ PACKINGS = ("segments", "concat")  # see gated_attention/data/streams.py
 def data_section(arch: str) -> ml_collections.ConfigDict:
     """What the model reads. See gated_attention/data/__init__.py for each source."""
     return ml_collections.ConfigDict(dict(
-        source="cpython_docs",      # one of DATA_SOURCES
+        source=ARCH_RUN_DEFAULTS[arch].get("source", "cpython_docs"),  # one of DATA_SOURCES
         tokenizer="sentencepiece",  # one of TOKENIZERS; "byte" needs model.vocab_size >= 259;
                                     # "hf" reads data.tokenizer_path (a tokenizer.json)
         seq_len=ARCH_RUN_DEFAULTS[arch]["seq_len"],
@@ -133,6 +139,11 @@ def data_section(arch: str) -> ml_collections.ConfigDict:
                                     # bpe trains in ~2 s on the docs corpus, unigram in ~20 s
         sp_input_sentence_size=100_000,  # sentences sampled to train SentencePiece
         cache_dir="",               # "" = $GATED_ATTENTION_CACHE or ~/.cache/gated_attention
+        # source=bigram_backcopy (data/bigram_backcopy.py): the synthetic sink task's chain
+        # over model.vocab_size tokens (BOS = 0); sequences are drawn from shuffle_seed.
+        backcopy_triggers=3,        # how many of the most frequent tokens trigger a copy
+        backcopy_alpha=0.1,         # Dirichlet concentration of the chain's rows
+        backcopy_seed=0,            # seed of the chain itself
     ))
 
 
@@ -386,7 +397,7 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
                                      cfg.vocab_size)
         except hf_tokenizer.HFTokenizerError as err:
             raise ConfigError(str(err)) from None
-    elif data.source != "seqio":
+    elif data.source not in ("seqio", "bigram_backcopy"):
         _check(cfg.vocab_size >= 64, f"model.vocab_size={cfg.vocab_size} must be >= 64 for a "
                "SentencePiece tokenizer")
     if data.source == "files":
@@ -396,6 +407,12 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
 
     _check(is_local(data.cache_dir), f"data.cache_dir={data.cache_dir!r} must be a local folder "
            "(each host's own cache); the workdir and data.paths may be in a bucket")
+    if data.source == "bigram_backcopy":
+        _check(1 <= data.backcopy_triggers <= cfg.vocab_size - 3,
+               f"data.backcopy_triggers={data.backcopy_triggers} must be in 1..model.vocab_size"
+               f" - 3 = {cfg.vocab_size - 3} (BOS and two other tokens stay non-triggers)")
+        _check(data.backcopy_alpha > 0,
+               f"data.backcopy_alpha={data.backcopy_alpha} must be > 0 (Dirichlet concentration)")
     if data.tokenizer_path:
         from gated_attention.paths import resolve
 

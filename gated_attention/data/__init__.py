@@ -10,6 +10,8 @@ Sources (config.data.source):
 - "tfds": a prepared tensorflow-datasets dataset (data.tfds_name), tokenised on the fly.
 - "array_record": shards written once by `python -m gated_attention.data.prepare` (data.paths
   = their folder), read with grain: the pod-scale path.
+- "bigram_backcopy": the synthetic Bigram-Backcopy task (bigram_backcopy.py), generated on
+  the fly; a first-token attention sink forms on it in CPU-minutes.
 
 data.packing: "segments" (documents cut into chunks, packed with segment ids) or "concat"
 (documents joined with EOS into rows, no segment ids; attention may then use cuDNN).
@@ -48,6 +50,10 @@ def build_inputs(config: Any, workdir: str | os.PathLike[str] | None = None, *,
         from gated_attention.data import array_record_source
 
         return array_record_source.build_inputs(config, workdir, **hosts)
+    if data.source == "bigram_backcopy":
+        from gated_attention.data import bigram_backcopy
+
+        return bigram_backcopy.build_inputs(config, workdir, **hosts)
     from gated_attention.data import pipeline
 
     local = pipeline.load_local_data(data, config.model.vocab_size, workdir)
