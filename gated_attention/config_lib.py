@@ -50,6 +50,9 @@ ARCH_RUN_DEFAULTS: dict[str, dict[str, Any]] = {
     "dense_1p7b_48l": dict(seq_len=4096, dtype="bfloat16"),
     "moe_15a2b": dict(seq_len=4096, dtype="bfloat16"),
 }
+# Archs whose decoder blocks are scanned by default (model.scan_layers): deep enough that
+# compiling layer by layer takes minutes.
+SCANNED_ARCHS = ("dense_1p7b_28l", "dense_1p7b_48l", "moe_15a2b")
 _MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)} - {"variant", "block_sizes"}
 _VARIANT_FIELDS = [f.name for f in dataclasses.fields(AttentionVariant)]
 
@@ -73,6 +76,9 @@ def model_section(arch: str) -> ml_collections.ConfigDict:
         moe_capacity_factor=0.0, moe_impl="ragged",
         # Table 2: narrow the FFN of a gated model so its parameter count matches the baseline.
         narrow_ffn_to_match_baseline=False,
+        # One block scanned over stacked layer parameters (see model.py): compile time flat
+        # in depth. Per-layer analysis works either way.
+        scan_layers=arch in SCANNED_ARCHS,
     )
     fields.update(ARCHS[arch])
     section = ml_collections.ConfigDict(fields)

@@ -31,7 +31,7 @@ from gated_attention.variants import VARIANTS
 def _param_leaves(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], tuple[str, ...]]]:
     from gated_attention.model import abstract_model
 
-    model = abstract_model(cfg)
+    model = abstract_model(cfg.replace(scan_layers=False))  # per-layer names; same counts
     leaves = []
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         name = ".".join(str(p) for p in path)
