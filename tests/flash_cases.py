@@ -9,6 +9,8 @@ inputs. Errors are max|kernel - reference| / max|reference| per array.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 from collections.abc import Callable
 from types import ModuleType
 
@@ -17,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gated_attention import ops, sharding
 from gated_attention.data.packing import random_segment_ids
 from gated_attention.ops import reference
 from gated_attention.ops.block_sizes import block_sizes_for
@@ -158,3 +161,67 @@ def check_refusals(attention_fn: Callable) -> None:
     k = jnp.zeros((1, 32, 2, 64), jnp.float32)
     with pytest.raises(ValueError, match="equal query and key lengths"):
         attention_fn(q, k, k)
+
+
+# ----------------------------------------------------------------------------- TPU targets
+
+
+@functools.cache
+def tpu_topology(name: str):
+    """A deviceless TPU topology (libtpu), e.g. "v5e:2x2": real Mosaic compiles on a CPU.
+
+    Several processes on one machine may load libtpu for compiling only; without this switch
+    the second one fails on libtpu's lock file.
+    """
+    from jax.experimental import topologies
+
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    return topologies.get_topology_desc(topology_name=name, platform="tpu")
+
+
+def tpu_compiled_text(topology: str, *, impl: str = "pallas_tpu", normalizer: str = "softmax",
+                      gate: str | None = "elementwise", activation: str = "sigmoid",
+                      segments: bool = True, heads: int = 4, kv_heads: int = 2,
+                      seq: int = 1024, head_dim: int = 128, grads: bool = True,
+                      **attention_kwargs) -> str:
+    """Optimized HLO of `ops.attention` (forward, or forward + backward) compiled for a TPU.
+
+    Batch one sequence per chip, split over the mesh's data axis, as a training step has it;
+    tile sizes and interpret mode resolve for the TPU target (compiling_for), not the host.
+    """
+    devices = tpu_topology(topology).devices
+    mesh = sharding.create_mesh(dict(data=len(devices), fsdp=1, tensor=1, expert=1),
+                                devices=devices)
+    batch = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    b, bf16 = len(devices), jnp.bfloat16
+    gate_shape = {"elementwise": (b, seq, heads, head_dim), "headwise": (b, seq, heads)}
+    args = dict(
+        q=jax.ShapeDtypeStruct((b, seq, heads, head_dim), bf16, sharding=batch),
+        k=jax.ShapeDtypeStruct((b, seq, kv_heads, head_dim), bf16, sharding=batch),
+        v=jax.ShapeDtypeStruct((b, seq, kv_heads, head_dim), bf16, sharding=batch),
+        gate=(jax.ShapeDtypeStruct(gate_shape[gate], bf16, sharding=batch) if gate else None),
+        segment_ids=(jax.ShapeDtypeStruct((b, seq), jnp.int32, sharding=batch)
+                     if segments else None),
+        sink_logits=(jax.ShapeDtypeStruct((heads,), jnp.float32, sharding=whole)
+                     if normalizer == "learned_sink" else None),
+    )
+
+    def loss(args):
+        out = ops.attention(args["q"], args["k"], args["v"], gate=args["gate"],
+                            segment_ids=args["segment_ids"], sink_logits=args["sink_logits"],
+                            gate_activation=activation, normalizer=normalizer, impl=impl,
+                            **attention_kwargs)
+        return jnp.sum(out.astype(jnp.float32))
+
+    differentiable = {n: x for n, x in args.items() if n != "segment_ids"}
+
+    def step(args):
+        if not grads:
+            return loss(args)
+        return jax.grad(lambda d: loss({**args, **d}))(
+            {n: args[n] for n in differentiable if args[n] is not None})
+
+    with ops.compiling_for("tpu"), jax.set_mesh(mesh):
+        compiled = jax.jit(step).lower(args).compile()
+    return compiled.as_text()

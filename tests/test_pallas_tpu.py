@@ -46,5 +46,15 @@ def test_lowers_to_mosaic(head_dim: int):
     assert "tpu_custom_call" in text
 
 
+def test_training_configuration_compiles_for_a_tpu():
+    """The kernel as a training step calls it (packed rows: segment ids; elementwise gate;
+    GQA; tiles from the TPU table, not the host's) compiles through Mosaic, forward and
+    backward, for a v5e target with no device: forward, dq and dk/dv custom calls."""
+    text = flash_cases.tpu_compiled_text("v5e:2x2")
+    assert text.count("tpu_custom_call") >= 3
+    for kernel in ("gated_flash_fwd", "gated_flash_dq", "gated_flash_dkv"):
+        assert kernel in text
+
+
 def test_bad_input_is_refused():
     flash_cases.check_refusals(pallas_tpu.attention)

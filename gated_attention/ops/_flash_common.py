@@ -22,6 +22,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from gated_attention.ops.gating import apply_output_gate
 from gated_attention.ops.reference import NORMALIZERS, SOFTPICK_EPS
@@ -31,6 +32,12 @@ from gated_attention.ops.reference import NORMALIZERS, SOFTPICK_EPS
 MASK_VALUE = -1e30
 LOG2E = math.log2(math.e)
 EMPTY_ROW_LSE = 1e30
+
+
+def _f32(value: float) -> np.float32:
+    """A float32 constant: a Python float given to jnp.where becomes float64 under
+    jax_enable_x64, which Mosaic cannot lower inside a kernel."""
+    return np.float32(value)
 
 
 def initial_max(normalizer: str, block_q: int, sink: jax.Array | None = None) -> jax.Array:
@@ -52,7 +59,7 @@ def online_block(x: jax.Array, mask: jax.Array, m_prev: jax.Array, normalizer: s
     correction, numerator weights [bq, bkv] for the value sum, denominator mass), row
     statistics as [bq, 1] columns.
     """
-    masked = x if mask is None else jnp.where(mask, x, MASK_VALUE)
+    masked = x if mask is None else jnp.where(mask, x, _f32(MASK_VALUE))
     m_next = jnp.maximum(m_prev, jnp.max(masked, axis=-1, keepdims=True))
     correction = jnp.exp2(m_prev - m_next)
     e = jnp.exp2(masked - m_next)
@@ -66,7 +73,7 @@ def online_block(x: jax.Array, mask: jax.Array, m_prev: jax.Array, normalizer: s
 
 def _where(mask: jax.Array | None, x: jax.Array) -> jax.Array:
     """x where visible, else 0; mask None means a tile with every key visible."""
-    return x if mask is None else jnp.where(mask, x, 0.0)
+    return x if mask is None else jnp.where(mask, x, _f32(0.0))
 
 
 def finalize(acc: jax.Array, m: jax.Array, denom_sum: jax.Array, normalizer: str,
@@ -74,8 +81,8 @@ def finalize(acc: jax.Array, m: jax.Array, denom_sum: jax.Array, normalizer: str
     """(acc / denominator [bq, d], lse [bq, 1]) once every visible key has been folded in."""
     if normalizer == "softmax":
         empty = denom_sum <= 0.0
-        denom = jnp.where(empty, 1.0, denom_sum)
-        lse = jnp.where(empty, EMPTY_ROW_LSE, m + jnp.log2(denom))
+        denom = jnp.where(empty, _f32(1.0), denom_sum)
+        lse = jnp.where(empty, _f32(EMPTY_ROW_LSE), m + jnp.log2(denom))
         return acc / denom, lse
     if normalizer == "softmax_off_by_one":
         denom = denom_sum + jnp.exp2(-m)
@@ -100,11 +107,11 @@ def weights_and_dlogits(x: jax.Array, mask: jax.Array, lse: jax.Array, dw: jax.A
             return e, None
         return e, e * (dw - delta)
     positive = x > 0.0 if mask is None else mask & (x > 0.0)
-    w = jnp.where(positive, e - jnp.exp2(-lse), 0.0)
+    w = jnp.where(positive, e - jnp.exp2(-lse), _f32(0.0))
     if dw is None:
         return w, None
-    sign = jnp.where(x > 0.0, 1.0, jnp.where(x < 0.0, -1.0, 0.0))
-    return w, e * (jnp.where(positive, dw, 0.0) - sign * delta)
+    sign = jnp.where(x > 0.0, _f32(1.0), jnp.where(x < 0.0, _f32(-1.0), _f32(0.0)))
+    return w, e * (jnp.where(positive, dw, _f32(0.0)) - sign * delta)
 
 
 def sigmoid(x: jax.Array) -> jax.Array:
@@ -400,14 +407,11 @@ def build_static(name: str, min_block: int, padded_dim: int, q: jax.Array, k: ja
     Tile sizes come from ops/block_sizes.py (overridable) and are fitted to the length; each
     must be at least the kernel's `min_block`. The length is padded to the largest tile.
     """
-    from gated_attention.ops.block_sizes import block_sizes_for, fit_to_length
+    from gated_attention.ops.block_sizes import block_sizes_for, fit_to_length, target_kind
 
     b, s, h, d = q.shape
     interpret = resolve_interpret(interpret)
-    from gated_attention.ops.target import target_platform
-
-    kind = "cpu" if interpret and target_platform() == "cpu" else None
-    sizes = fit_to_length(block_sizes_for(d, block_sizes, kind=kind), s, min_block)
+    sizes = fit_to_length(block_sizes_for(d, block_sizes, kind=target_kind()), s, min_block)
     for key in ("block_q", "block_kv", "block_q_dq", "block_kv_dq", "block_q_dkv",
                 "block_kv_dkv"):
         if sizes[key] < min_block:

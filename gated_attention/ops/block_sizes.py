@@ -63,6 +63,22 @@ def device_kind_key(device: jax.Device | None = None) -> str:
     return {"gpu": "gpu", "tpu": "tpu"}.get(device.platform, "cpu")
 
 
+def target_kind() -> str:
+    """Row of TABLE for the compile target (ops.target), not the host.
+
+    A TPU program compiled on a CPU machine gets the TPU tiles (the CPU's 32-wide tiles
+    would be illegal for Mosaic); the host's device names the row only when it is the target.
+    """
+    from gated_attention.ops.target import target_platform
+
+    platform = target_platform()
+    if platform == "cpu":
+        return "cpu"
+    if jax.default_backend() == platform:
+        return device_kind_key()
+    return platform
+
+
 def block_sizes_for(head_dim: int, overrides: dict[str, int] | None = None, *,
                     kind: str | None = None) -> dict[str, int]:
     """The tuned sizes for `kind` (default: the first device) and head_dim, then overrides."""

@@ -17,6 +17,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -24,6 +25,9 @@ from gated_attention.ops import _flash_common as fc
 
 NAME = "pallas_tpu"
 MIN_BLOCK = 8  # sublane tile; real TPUs want multiples of 128 (see ops/block_sizes.py)
+# Block index 0 as an int32: a Python 0 becomes an int64 under jax_enable_x64, which Mosaic
+# refuses in an index map.
+_0 = np.int32(0)
 
 
 def _mask(p: fc.Problem, i, j, bq: int, bkv: int, q_seg, k_seg):
@@ -211,12 +215,17 @@ def _seq_major(p: fc.Problem, x):
     return jnp.swapaxes(x[:, :, :p.seq, :p.head_dim], 1, 2)
 
 
-def _segments(p: fc.Problem, seg):
-    """(padded ids [b, S], q layout [b, S, 1], kv layout [b, 1, S]) or Nones."""
+def _segments(p: fc.Problem, seg, bkv: int):
+    """(padded ids [b, S], q layout [b, S, 1], kv layout [b, S // bkv, 1, bkv]) or Nones.
+
+    Mosaic wants a block's last two dims to be multiples of (8, 128) or the whole array's:
+    the kv ids are cut into one row per kv block so a (1, bkv) block is always the whole of
+    its last two dims, whatever bkv is (a [b, 1, S] layout fails for bkv < 128).
+    """
     if seg is None:
         return None, None, None
     segp = fc.pad_axis(seg.astype(jnp.int32), 1, p.padded, -1)
-    return segp, segp[:, :, None], segp[:, None, :]
+    return segp, segp[:, :, None], segp.reshape(p.batch, p.padded // bkv, 1, bkv)
 
 
 def _call(kernel, static: fc.Static, grid, in_specs, out_specs, out_shape, scratch, name):
@@ -240,15 +249,15 @@ def _q_major_specs(p: fc.Problem, bq: int, bkv: int, nq: int):
     g, D = p.group, p.padded_dim
 
     def kv_block(b_, h_, i, j, lo_, hi_):
-        return (b_, _div(h_, g), _clamp(j, lo_[b_ * nq + i], hi_[b_ * nq + i]), 0)
+        return (b_, _div(h_, g), _clamp(j, lo_[b_ * nq + i], hi_[b_ * nq + i]), _0)
 
-    row = pl.BlockSpec((None, None, bq, D), lambda b_, h_, i, j, *_: (b_, h_, i, 0))
-    col = pl.BlockSpec((None, None, bq, 1), lambda b_, h_, i, j, *_: (b_, h_, i, 0))
+    row = pl.BlockSpec((None, None, bq, D), lambda b_, h_, i, j, *_: (b_, h_, i, _0))
+    col = pl.BlockSpec((None, None, bq, 1), lambda b_, h_, i, j, *_: (b_, h_, i, _0))
     kv = pl.BlockSpec((None, None, bkv, D), kv_block)
     seg = []
     if p.has_segments:
-        seg = [pl.BlockSpec((None, bq, 1), lambda b_, h_, i, j, *_: (b_, i, 0)),
-               pl.BlockSpec((None, 1, bkv), lambda *a: (a[0], 0, kv_block(*a)[2]))]
+        seg = [pl.BlockSpec((None, bq, 1), lambda b_, h_, i, j, *_: (b_, i, _0)),
+               pl.BlockSpec((None, None, 1, bkv), lambda *a: (a[0], kv_block(*a)[2], _0, _0))]
     return row, col, kv, seg
 
 
@@ -257,7 +266,7 @@ def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
     bq, bkv = static.size("block_q"), static.size("block_kv")
     b, h, S, D = p.batch, p.heads, p.padded, p.padded_dim
     nq, nkv = S // bq, S // bkv
-    segp, qseg, kseg = _segments(p, seg)
+    segp, qseg, kseg = _segments(p, seg, bkv)
     lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
     row, col, kv, seg_specs = _q_major_specs(p, bq, bkv, nq)
     in_specs = [row, kv, kv, *seg_specs]
@@ -303,11 +312,11 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
     qh, kh, vh, doh = (_head_major(p, x) for x in (q, k, v, do))
     lseh = fc.pad_axis(lse, 2, S, fc.EMPTY_ROW_LSE)[..., None]
     deltah = fc.pad_axis(delta, 2, S)[..., None]
-    segp, qseg, kseg = _segments(p, seg)
 
     # dq: grid (b, h, q block, kv block)
     bq, bkv = static.size("block_q_dq"), static.size("block_kv_dq")
     nq, nkv = S // bq, S // bkv
+    segp, qseg, kseg = _segments(p, seg, bkv)
     lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
     row, col, kv, seg_specs = _q_major_specs(p, bq, bkv, nq)
     seg_args = [] if segp is None else [qseg, kseg]
@@ -320,19 +329,21 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
     # dk, dv: grid (b, kv head, kv block, group member x q block)
     bq, bkv = static.size("block_q_dkv"), static.size("block_kv_dkv")
     nq, nkv = S // bq, S // bkv
+    segp, qseg, kseg = _segments(p, seg, bkv)
+    seg_args = [] if segp is None else [qseg, kseg]
     _, _, qlo, qhi = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
 
     def q_block(b_, n_, j, r, lo_, hi_):
         i = _clamp(_rem(r, nq), lo_[b_ * nkv + j], hi_[b_ * nkv + j])
-        return (b_, n_ * g + _div(r, nq), i, 0)
+        return (b_, n_ * g + _div(r, nq), i, _0)
 
     qrow = pl.BlockSpec((None, None, bq, D), q_block)
     qcol = pl.BlockSpec((None, None, bq, 1), q_block)
-    kvrow = pl.BlockSpec((None, None, bkv, D), lambda b_, n_, j, r, *_: (b_, n_, j, 0))
+    kvrow = pl.BlockSpec((None, None, bkv, D), lambda b_, n_, j, r, *_: (b_, n_, j, _0))
     seg_specs = []
     if segp is not None:
-        seg_specs = [pl.BlockSpec((None, bq, 1), lambda *a: (a[0], q_block(*a)[2], 0)),
-                     pl.BlockSpec((None, 1, bkv), lambda b_, n_, j, r, *_: (b_, 0, j))]
+        seg_specs = [pl.BlockSpec((None, bq, 1), lambda *a: (a[0], q_block(*a)[2], _0)),
+                     pl.BlockSpec((None, None, 1, bkv), lambda b_, n_, j, r, *_: (b_, j, _0, _0))]
     kernel = functools.partial(_dkv_kernel, p=p, bq=bq, bkv=bkv, nq=nq, nkv=nkv)
     dk, dv = _call(
         kernel, static, (b, n, nkv, g * nq),
