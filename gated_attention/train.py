@@ -153,6 +153,11 @@ def jit_train_step(step_fn: Callable, mesh: Mesh, shardings: State,
         with jax.set_mesh(mesh), sharding.logical_rules(rules):
             return jitted(state, batch)
 
+    def lower(state: State, batch: Mapping[str, jax.Array]) -> jax.stages.Lowered:
+        with jax.set_mesh(mesh), sharding.logical_rules(rules):  # same program (preflight)
+            return jitted.lower(state, batch)
+
+    call.lower = lower
     return call
 
 
