@@ -53,11 +53,14 @@ def tpu_devices(topology: str) -> list[Any]:
     single_chip = all(int(n) == 1 for n in topology.partition(":")[2].split("x"))
     extra = {"chips_per_host_bounds": [1, 1, 1]} if single_chip else {}
     try:
-        return list(topologies.get_topology_desc(topology_name=topology, platform="tpu",
-                                                 **extra).devices)
+        devices = list(topologies.get_topology_desc(topology_name=topology, platform="tpu",
+                                                    **extra).devices)
     except Exception as err:  # libtpu absent or a name it refuses: one line
         raise ValueError(f"cannot describe TPU topology {topology!r}: "
                          f"{str(err).splitlines()[0]}") from None
+    # libtpu describes v4 with one device per TensorCore; a v4 VM runs one per chip
+    # (megacore), which is what jax's meshes require: keep the first core of each chip.
+    return [d for d in devices if getattr(d, "core_on_chip", 0) == 0]
 
 
 def tpu_mesh(topology: str, mesh_config: Mapping[str, Any]) -> Mesh:
@@ -152,7 +155,7 @@ def preflight(config: Any, tpu: TpuSlice, steps: tuple[str, ...] = STEPS,
             raise ValueError(f"--dump_hlo: {taken[0]} exists; choose an empty folder")
     mesh = tpu_mesh(tpu.topology, config.mesh)
     devices = mesh.devices.size
-    hbm = tpu.hbm_bytes * tpu.chips // devices  # v4 shows two devices per chip
+    hbm = tpu.hbm_bytes * tpu.chips // devices
     report: dict[str, Any] = {
         "arch": config.arch, "variant": cfg.variant.name, "accelerator": tpu.accelerator,
         "topology": tpu.topology, "chips": tpu.chips, "devices": devices,
@@ -255,9 +258,7 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    import os
-
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the host compiles; no accelerator needed
+    jax.config.update("jax_platforms", "cpu")  # the host only compiles; no accelerator needed
     from absl import app, flags
     from ml_collections import config_flags
 

@@ -267,6 +267,11 @@ def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False
         bar = tqdm(total=train_cfg.steps, initial=start, unit="step", dynamic_ncols=True,
                    desc=f"{config.arch}/{cfg.variant.name}")
     pending: list[tuple[int, dict]] = []
+    # Without a bar (pods: output goes to a log file), a plain line every log_every steps.
+    from gated_attention import progress_log
+
+    plain = progress_log.ProgressLine(config, mesh.devices.flat) if bar is None and primary \
+        else None
     timer_start, timed_steps = None, 0
     end = train_cfg.steps if stop_after is None else min(train_cfg.steps, start + stop_after)
     for step in range(start, end):
@@ -293,6 +298,9 @@ def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False
             pending = []
             if bar is not None:
                 bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{rate:,.0f}")
+            elif plain is not None:
+                per_step = elapsed / timed_steps if timed_steps else float("nan")
+                print(plain.line(done, last["loss"], rate, per_step), flush=True)
         if bar is not None:
             bar.update(1)
         if train_cfg.eval_every and eval_batches and (
