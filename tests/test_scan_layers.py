@@ -103,3 +103,23 @@ def test_paper_archs_scan_by_default_and_small_ones_do_not():
     for arch in config_lib.ARCHS:
         cfg = config_lib.model_config(config_lib.base_config(arch, "baseline"))
         assert cfg.scan_layers == (arch in ("dense_1p7b_28l", "dense_1p7b_48l", "moe_15a2b"))
+
+
+def test_analysis_statistics_of_a_scanned_model_are_the_per_layer_models():
+    """analyze's statistics (sinks, gate scores, activations, maps) read a scanned model per
+    layer exactly as they read the per-layer model holding the same weights."""
+    from gated_attention.analysis import stats
+
+    cfg = small_cfg("g1_sdpa_headwise")
+    flat, scanned = scanned_twin(cfg)
+    rng = np.random.default_rng(0)
+    batches = [{"inputs": rng.integers(0, 64, (2, 8)), "targets": rng.integers(0, 64, (2, 8))}]
+    expected, got = stats.model_statistics(flat, batches), stats.model_statistics(scanned, batches)
+    assert got.keys() == expected.keys()
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+        if isinstance(a, str | bool):
+            assert a == b
+        else:
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(stats.attention_maps(scanned, np.arange(8), layers=[2]),
+                               stats.attention_maps(flat, np.arange(8), layers=[2]), atol=1e-6)
