@@ -123,3 +123,20 @@ def test_analysis_statistics_of_a_scanned_model_are_the_per_layer_models():
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(stats.attention_maps(scanned, np.arange(8), layers=[2]),
                                stats.attention_maps(flat, np.arange(8), layers=[2]), atol=1e-6)
+
+
+def test_the_scanned_program_does_not_grow_with_depth():
+    """What XLA has to compile: the scanned model's program holds one block's matmuls at any
+    depth; the per-layer model's grows with every layer."""
+
+    def matmuls(cfg):
+        graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+        tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+        lowered = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t)[0]).lower(state, tokens)
+        return lowered.as_text().count("stablehlo.dot_general")
+
+    scanned = [matmuls(small_cfg(num_layers=n, scan_layers=True)) for n in (2, 6)]
+    per_layer = [matmuls(small_cfg(num_layers=n)) for n in (2, 6)]
+    assert scanned[0] == scanned[1]
+    one_block = per_layer[0] - scanned[0]  # two blocks unrolled vs one in the scan body
+    assert one_block > 0 and per_layer[1] - per_layer[0] == 4 * one_block
