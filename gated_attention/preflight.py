@@ -170,7 +170,13 @@ def preflight(config: Any, tpu: TpuSlice, steps: tuple[str, ...] = STEPS,
         "model_flops_per_step": model_flops_per_step(config), "steps": {},
     }
     for name in steps:
-        step = compile_step(config, mesh, name)
+        try:
+            step = compile_step(config, mesh, name)
+        except jax.errors.JaxRuntimeError as err:  # the compiler's own "does not fit"
+            if "RESOURCE_EXHAUSTED" not in str(err):
+                raise
+            report["steps"][name] = {"fits": False, "compiler_error": str(err).splitlines()[0]}
+            continue
         info = {"memory": step.memory, "flops_per_device": step.flops,
                 "flops_per_step": step.flops * devices,
                 "compile_seconds": round(step.compile_seconds, 2),
@@ -203,7 +209,9 @@ def format_report(info: Mapping[str, Any]) -> str:
         f"{info['grad_accum']}, remat {info['remat']}, scan_layers {info['scan_layers']}, "
         f"attention {info['attention_impl']}",
     ]
-    steps = info["steps"]
+    refused = {n: s["compiler_error"] for n, s in info["steps"].items() if "compiler_error" in s}
+    head += [f"{n} step: refused by the compiler: {e}" for n, e in refused.items()]
+    steps = {n: s for n, s in info["steps"].items() if n not in refused}
     rows: list[tuple[str, ...]] = [("per device", *(f"{s} step" for s in steps))]
 
     def row(label: str, fn: Any) -> None:
@@ -219,7 +227,7 @@ def format_report(info: Mapping[str, Any]) -> str:
     row("  compile time (CPU time)", lambda s: f"{s['compile_seconds']:.1f} s "
         f"({s['compile_cpu_seconds']:.1f} s)")
     rows.append(("model FLOPs / step (6N + attention)",
-                 f"{info['model_flops_per_step']:.4g}", *([""] * (len(steps) - 1))))
+                 f"{info['model_flops_per_step']:.4g}", *([""] * max(0, len(steps) - 1))))
     width = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     body = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
                       enumerate(zip(r, width))) for r in rows]

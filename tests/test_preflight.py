@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import pytest
 
 pytest.importorskip("libtpu", reason="libtpu (make install-test) compiles for TPU targets")
@@ -123,6 +124,17 @@ def test_report_dump_and_verdict(tiny_train_step, tmp_path, monkeypatch):
                                                                       hbm_bytes=2**20))
     refused = preflight.preflight(config, small, ("train",))
     assert not refused["fits"] and "does NOT fit" in preflight.format_report(refused)
+    # A program the compiler refuses for memory is a "does not fit", not a crash.
+    def out_of_memory(*args, **kwargs):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the "
+                                         "total memory required ... (599.83G) exceeds ...")
+
+    monkeypatch.setattr(preflight, "compile_step", out_of_memory)
+    oom = preflight.preflight(config, tpu, ("train", "eval"))
+    assert not oom["fits"] and "(599.83G)" in oom["steps"]["eval"]["compiler_error"]
+    assert "train step: refused by the compiler: RESOURCE_EXHAUSTED" in \
+        preflight.format_report(oom)
+    monkeypatch.setattr(preflight, "compile_step", lambda *a, **k: step)
     # inspect --mesh --accelerator shows the compiler's figure next to the estimate.
     section = memory.report(config, "", None, accelerator="v5litepod-4")
     assert section["compiled_train_step"]["total"] == step.memory["total"]
