@@ -139,6 +139,12 @@ def compile_step(config: Any, mesh: Mesh, step: str = "train",
                         time.process_time() - cpu_start)
 
 
+def steps_main_runs(config: Any) -> tuple[str, ...]:
+    """The train step, and the eval step unless the run never evaluates (eval_every = 0)."""
+    evaluates = config.train.eval_every > 0 and config.train.eval_batches > 0
+    return ("train", "eval") if evaluates else ("train",)
+
+
 def model_flops_per_step(config: Any) -> float:
     """6 N per token plus causal attention, for a whole global batch (inspect's count)."""
     from gated_attention.inspect import train_flops_per_token
@@ -249,7 +255,7 @@ def main(argv: list[str]) -> None:
 
     try:
         tpu = parse_accelerator(FLAGS.accelerator)
-        steps = tuple(s for s in FLAGS.steps.split(",") if s)
+        steps = tuple(s for s in FLAGS.steps.split(",") if s) or steps_main_runs(FLAGS.config)
         for s in steps:
             if s not in STEPS:
                 raise ValueError(f"--steps {s!r} is not allowed; choose from {', '.join(STEPS)}")
@@ -285,7 +291,8 @@ if __name__ == "__main__":
                                     lock_config=True)
     flags.DEFINE_string("accelerator", None, "Cloud TPU accelerator type as gcloud names it: "
                         "v5litepod-16, v5p-64, v6e-64, v4-32, ...")
-    flags.DEFINE_string("steps", "train,eval", "Steps to compile: train, eval or both.")
+    flags.DEFINE_string("steps", "", "Steps to compile: train, eval or train,eval (default: "
+                        "those main runs; no eval step with train.eval_every=0).")
     flags.DEFINE_bool("json", False, "Print JSON instead of a table.")
     flags.DEFINE_string("dump_hlo", "", "Folder to write the optimized HLO of each step to.")
     flags.mark_flags_as_required(["config", "accelerator"])
