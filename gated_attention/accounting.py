@@ -31,8 +31,10 @@ class ParamLeaf(NamedTuple):
 
 @functools.lru_cache(maxsize=64)
 def param_leaves(cfg: ModelConfig) -> tuple[ParamLeaf, ...]:
-    """Every parameter of the model `cfg` describes (abstract: no weights are allocated)."""
-    model = abstract_model(cfg)
+    """Every parameter of the model `cfg` describes (abstract: no weights are allocated).
+
+    Named per layer (`layers.3.attention.q_proj`) even for a scanned model: same counts."""
+    model = abstract_model(cfg.replace(scan_layers=False))
     return tuple(
         ParamLeaf(".".join(str(p) for p in path), tuple(var.get_value().shape),
                   logical_axes(var))

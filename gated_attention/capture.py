@@ -39,14 +39,22 @@ def validate_capture(names: Iterable[str]) -> frozenset[str]:
 
 
 def collect(model: nnx.Module) -> list[dict[str, jax.Array]]:
-    """Pop sown intermediates from the model: one dict per layer, name -> array."""
+    """Pop sown intermediates from the model: one dict per layer, name -> array.
+
+    A per-layer model sows under `layers.<i>.…`; a scanned one (model.scan_layers) sows under
+    `layers.…` with the layer axis first, which is split here.
+    """
     state = nnx.pop(model, nnx.Intermediate)
     per_layer: dict[int, dict[str, jax.Array]] = {}
     for path, leaf in nnx.to_flat_state(state):
-        layer = next(int(p) for p in path if isinstance(p, int) or str(p).isdigit())
+        layer = next((int(p) for p in path if isinstance(p, int) or str(p).isdigit()), None)
         name = next(str(p) for p in reversed(path) if str(p) in CAPTURE_NAMES)
         value = leaf.get_value() if isinstance(leaf, nnx.Variable) else leaf
         if isinstance(value, tuple):  # sow appends to a tuple; each name is sown once per call
             value = value[-1]
-        per_layer.setdefault(layer, {})[name] = value
+        if layer is None:  # stacked by the scan: [layers, ...]
+            for i in range(value.shape[0]):
+                per_layer.setdefault(i, {})[name] = value[i]
+        else:
+            per_layer.setdefault(layer, {})[name] = value
     return [per_layer[i] for i in sorted(per_layer)]

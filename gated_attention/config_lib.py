@@ -59,6 +59,9 @@ ARCH_RUN_DEFAULTS: dict[str, dict[str, Any]] = {
     "moe_15a2b": dict(seq_len=4096, dtype="bfloat16"),
     "sink_tiny": dict(seq_len=64, dtype="float32", source="bigram_backcopy"),
 }
+# Archs whose decoder blocks are scanned by default (model.scan_layers): deep enough that
+# compiling layer by layer takes minutes.
+SCANNED_ARCHS = ("dense_1p7b_28l", "dense_1p7b_48l", "moe_15a2b")
 _MODEL_FIELDS = ({f.name for f in dataclasses.fields(ModelConfig)}
                  - {"variant", "block_sizes", "rope_scaling"})
 _VARIANT_FIELDS = [f.name for f in dataclasses.fields(AttentionVariant)]
@@ -85,6 +88,9 @@ def model_section(arch: str) -> ml_collections.ConfigDict:
         narrow_ffn_to_match_baseline=False,
         # Biases on q/k/v and on o_proj (off in the paper; set by Hugging Face imports).
         qkv_bias=False, o_proj_bias=False,
+        # One block scanned over stacked layer parameters (see model.py): compile time flat
+        # in depth. Per-layer analysis works either way.
+        scan_layers=arch in SCANNED_ARCHS,
     )
     fields.update(ARCHS[arch])
     section = ml_collections.ConfigDict(fields)

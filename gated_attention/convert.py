@@ -29,6 +29,7 @@ from flax import nnx
 
 from gated_attention import paths
 from gated_attention.config_lib import ConfigError
+from gated_attention.model import per_layer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -86,6 +87,10 @@ def to_hf(workdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
         raise ConfigError(f"{out / taken[0]} exists; choose an empty --out folder (nothing is "
                           "overwritten)")
     model, config = train.load_params(root, step=step)
+    if config.model.get("scan_layers"):  # the Hugging Face layout names every layer
+        model = per_layer(model)
+        config = config.copy_and_resolve_references()
+        config.model.scan_layers = False
     written = hf.save_pretrained(model, config, out, dtype=dtype)
     for name in TOKENIZER_FILES:
         if (root / name).exists():

@@ -29,7 +29,7 @@ import numpy as np
 from flax import nnx
 
 from gated_attention.layers.kv_cache import KVCache, empty_caches
-from gated_attention.model import Transformer
+from gated_attention.model import Transformer, per_layer
 
 Caches = list[KVCache]
 
@@ -141,6 +141,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
     if temperature < 0:
         raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy)")
     tokens, positions = left_pad(prompts, pad_id)
+    model = per_layer(model)  # one KV cache per layer: a scanned model is unstacked first
     graphdef, state = nnx.split(model)
     caches = empty_caches(model.cfg, len(prompts), tokens.shape[1] + max_new_tokens)
     out = _generate(graphdef, state, jnp.asarray(tokens), jnp.asarray(positions), caches,

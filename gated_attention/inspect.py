@@ -61,8 +61,9 @@ def _extra_reports(config: Any) -> dict[str, Any]:
 
     mesh = flags.FLAGS["mesh"].value if "mesh" in flags.FLAGS else ""
     devices = flags.FLAGS["num_devices"].value if "num_devices" in flags.FLAGS else None
+    accelerator = flags.FLAGS["accelerator"].value if "accelerator" in flags.FLAGS else ""
     try:
-        return {"memory": memory.report(config, mesh or "", devices)}
+        return {"memory": memory.report(config, mesh or "", devices, accelerator or "")}
     except ValueError as err:  # a bad --mesh / --num_devices / config.mesh: say which
         from absl import app
 
@@ -79,6 +80,9 @@ if __name__ == "__main__":
                         "(default: config.mesh).")
     flags.DEFINE_integer("num_devices", None, "Devices to plan for (default: the --mesh "
                          "product, else the devices of this machine).")
+    flags.DEFINE_string("accelerator", "", "Also compile the train step for this Cloud TPU "
+                        "slice (v5p-64, v5litepod-16, ...; needs libtpu) and show the compiler's "
+                        "per-device memory (see gated_attention/preflight.py).")
     flags.mark_flags_as_required(["config"])
     jax.config.update("jax_platforms", "cpu")
     app.run(main)

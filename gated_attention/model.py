@@ -1,6 +1,15 @@
-"""Decoder-only language model built from layers/: embed, N decoder blocks, norm, logits."""
+"""Decoder-only language model built from layers/: embed, N decoder blocks, norm, logits.
+
+With `model.scan_layers` the N blocks are one DecoderBlock whose parameters carry a leading
+"layers" axis, run by `nnx.scan` (remat inside the scan body): the compiler sees one layer
+instead of N, so compile time stays flat in depth. `stack_layer_params` /
+`unstack_layer_params` convert a parameter state between the per-layer and the scanned
+layouts (checkpoints, imported weights).
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +23,8 @@ from gated_attention.layers.params import cast, param
 from gated_attention.model_config import REMAT_POLICIES, ModelConfig
 from gated_attention.sharding import constrain
 
+Aux = dict[str, jax.Array]
+
 
 class Transformer(nnx.Module):
     """Pre-norm decoder LM. `__call__` returns (logits [b, s, vocab] float32, aux losses)."""
@@ -21,7 +32,10 @@ class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.embed = param(rngs, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
-        self.layers = nnx.List([DecoderBlock(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        if cfg.scan_layers:
+            self.layers = _stacked_blocks(cfg, rngs)
+        else:
+            self.layers = nnx.List([DecoderBlock(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.d_model, rngs=rngs, eps=cfg.norm_eps,
                                   zero_centred=cfg.zero_centred_norm)
         if not cfg.tied_embeddings:
@@ -38,6 +52,10 @@ class Transformer(nnx.Module):
         if capture and kv_caches is not None:
             raise ValueError("capture needs the whole sequence; run the model over the finished "
                              "text instead of capturing while decoding with kv_caches")
+        if kv_caches is not None and cfg.scan_layers:
+            raise ValueError("decoding with kv_caches needs per-layer blocks: build the model "
+                             "with model.scan_layers=False (unstack_layer_params converts the "
+                             "parameters)")
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
         # FSDP: gather the table's embed dimension before the lookup (as for every weight), so
@@ -45,25 +63,133 @@ class Transformer(nnx.Module):
         table = constrain(self.embed[...], ("vocab", None))
         x = jnp.take(table, tokens, axis=0).astype(cfg.compute_dtype)
         x = constrain(x, ("batch", "length", "embed"))
-        aux_total: dict[str, jax.Array] = {}
-        for i, block in enumerate(self.layers):
-            if kv_caches is not None:
-                x, aux = block(x, positions, segment_ids, capture, kv_caches[i])
-            elif cfg.remat != "none" and not capture:
-                policy = REMAT_POLICIES[cfg.remat]
-                run = nnx.remat(lambda blk, *a: blk(*a), policy=policy)
-                x, aux = run(block, x, positions, segment_ids)
-            else:
-                x, aux = block(x, positions, segment_ids, capture)
-            x = constrain(x, ("batch", "length", "embed"))
-            for name, value in aux.items():
-                aux_total[name] = aux_total.get(name, 0.0) + value
+        if cfg.scan_layers:
+            x, aux_total = self._run_scanned(x, positions, segment_ids, capture)
+        else:
+            x, aux_total = self._run_layer_by_layer(x, positions, segment_ids, capture,
+                                                    kv_caches)
         x = self.final_norm(x)
         head = (cast(self.embed, cfg.compute_dtype).T if cfg.tied_embeddings
                 else cast(self.lm_head, cfg.compute_dtype))
         logits = jnp.einsum("bsD,DV->bsV", x, head, preferred_element_type=jnp.float32)
         logits = constrain(logits, ("batch", "length", "vocab"))
         return logits, aux_total
+
+    def _run_layer_by_layer(self, x: jax.Array, positions: jax.Array,
+                            segment_ids: jax.Array | None, capture: frozenset[str],
+                            kv_caches: list[KVCache] | None = None) -> tuple[jax.Array, Aux]:
+        aux_total: Aux = {}
+        for i, block in enumerate(self.layers):
+            if kv_caches is not None:
+                x, aux = block(x, positions, segment_ids, capture, kv_caches[i])
+            elif self.cfg.remat != "none" and not capture:
+                run = nnx.remat(lambda blk, *a: blk(*a), policy=REMAT_POLICIES[self.cfg.remat])
+                x, aux = run(block, x, positions, segment_ids)
+            else:
+                x, aux = block(x, positions, segment_ids, capture)
+            x = constrain(x, ("batch", "length", "embed"))
+            for name, value in aux.items():
+                aux_total[name] = aux_total.get(name, 0.0) + value
+        return x, aux_total
+
+    def _run_scanned(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,
+                     capture: frozenset[str]) -> tuple[jax.Array, Aux]:
+        """One traced block, scanned over the stacked layer axis; aux summed over layers.
+
+        Captured intermediates are sown inside the scan, so they come out stacked along the
+        layer axis (capture.collect splits them per layer).
+        """
+
+        def one_block(block: DecoderBlock, h: jax.Array) -> tuple[jax.Array, Aux]:
+            h, aux = block(h, positions, segment_ids, capture)
+            return constrain(h, ("batch", "length", "embed")), aux
+
+        if self.cfg.remat != "none" and not capture:
+            one_block = nnx.remat(one_block, policy=REMAT_POLICIES[self.cfg.remat],
+                                  prevent_cse=False)
+        scan = nnx.scan(one_block, in_axes=(0, nnx.Carry), out_axes=(nnx.Carry, 0))
+        x, aux = scan(self.layers, x)
+        return x, {name: value.sum(axis=0) for name, value in aux.items()}
+
+
+def _stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> DecoderBlock:
+    """num_layers blocks as one DecoderBlock whose parameters gain a leading "layers" axis."""
+
+    @nnx.split_rngs(splits=cfg.num_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+    def create(rngs: nnx.Rngs) -> DecoderBlock:
+        return DecoderBlock(cfg, rngs=rngs)
+
+    return create(rngs)
+
+
+def _layer_index(part: Any) -> int | None:
+    return int(part) if isinstance(part, int) or str(part).isdigit() else None
+
+
+def stack_layer_params(params: nnx.State, cfg: ModelConfig) -> nnx.State:
+    """Per-layer parameters (`layers.<i>.…`) -> the scanned layout (`layers.…`, [L, ...]).
+
+    `cfg` describes the model (its scan_layers is ignored); the result matches
+    `nnx.state(Transformer(cfg.replace(scan_layers=True)), nnx.Param)`.
+    """
+    per_layer: dict[tuple[Any, ...], dict[int, jax.Array]] = {}
+    rest: dict[tuple[Any, ...], jax.Array] = {}
+    for path, leaf in nnx.to_flat_state(params):
+        value = leaf.get_value() if isinstance(leaf, nnx.Variable) else leaf
+        if path[0] == "layers" and len(path) > 1 and _layer_index(path[1]) is not None:
+            per_layer.setdefault(("layers", *path[2:]), {})[_layer_index(path[1])] = value
+        else:
+            rest[tuple(path)] = value
+    values = dict(rest)
+    for path, layers in per_layer.items():
+        if sorted(layers) != list(range(cfg.num_layers)):
+            raise ValueError(f"{'.'.join(map(str, path))}: layers {sorted(layers)} given, "
+                             f"the model has {cfg.num_layers}")
+        values[path] = jnp.stack([layers[i] for i in range(cfg.num_layers)])
+    return _fill(abstract_model(cfg.replace(scan_layers=True)), values)
+
+
+def unstack_layer_params(params: nnx.State, cfg: ModelConfig) -> nnx.State:
+    """The scanned layout (`layers.…`, [L, ...]) -> per-layer parameters (`layers.<i>.…`)."""
+    values: dict[tuple[Any, ...], jax.Array] = {}
+    for path, leaf in nnx.to_flat_state(params):
+        value = leaf.get_value() if isinstance(leaf, nnx.Variable) else leaf
+        if path[0] == "layers":
+            for i in range(cfg.num_layers):
+                values[("layers", i, *path[1:])] = value[i]
+        else:
+            values[tuple(path)] = value
+    return _fill(abstract_model(cfg.replace(scan_layers=False)), values)
+
+
+def _fill(model: Transformer, values: dict[tuple[Any, ...], jax.Array]) -> nnx.State:
+    """The Param state of (abstract) `model` with every value taken from `values` by path."""
+    flat = []
+    target = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    missing = [p for p, _ in target if tuple(p) not in values]
+    extra = set(values) - {tuple(p) for p, _ in target}
+    if missing or extra:
+        name = ".".join(map(str, (missing or sorted(extra, key=str))[0]))
+        raise ValueError(f"parameter {name} is {'missing' if missing else 'not in the model'}")
+    for path, var in target:
+        value = values[tuple(path)]
+        if tuple(value.shape) != tuple(var.get_value().shape):
+            raise ValueError(f"parameter {'.'.join(map(str, path))}: shape {value.shape}, the "
+                             f"model wants {var.get_value().shape}")
+        flat.append((path, var.replace(value)))
+    return nnx.from_flat_state(flat)
+
+
+def per_layer(model: Transformer) -> Transformer:
+    """The same model with one block per layer (what decoding with a KV cache and Hugging
+    Face export read); a per-layer model is returned as it is."""
+    if not model.cfg.scan_layers:
+        return model
+    cfg = model.cfg.replace(scan_layers=False)
+    params = unstack_layer_params(nnx.state(model, nnx.Param), model.cfg)
+    graphdef, _, rest = nnx.split(abstract_model(cfg), nnx.Param, ...)
+    return nnx.merge(graphdef, params, rest)
 
 
 def build_model(cfg: ModelConfig, seed: int = 0) -> Transformer:

@@ -52,6 +52,8 @@ class ModelConfig:
     attention_impl: str = "auto"  # one of ops.IMPLS; "auto" picks per compile target
     block_sizes: tuple[tuple[str, int], ...] = ()
     remat: str = "none"
+    # One scanned block over parameters stacked on a leading "layers" axis (flat compile time).
+    scan_layers: bool = False
     # Mixture of experts: num_experts == 0 means a dense SwiGLU FFN.
     num_experts: int = 0
     experts_per_token: int = 0

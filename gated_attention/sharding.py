@@ -33,7 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
 DCN_KEYS = tuple(f"dcn_{axis}" for axis in MESH_AXES)
 LOGICAL_NAMES = ("batch", "length", "embed", "embed_out", "heads", "kv_heads", "head_dim",
-                 "mlp", "vocab", "expert", "switch_expert")
+                 "mlp", "vocab", "expert", "switch_expert", "layers")
 
 Rules = Sequence[tuple[str, str | tuple[str, ...] | None]]
 
@@ -53,6 +53,7 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("vocab", "tensor"),
     ("expert", "expert"),
     ("switch_expert", None),
+    ("layers", None),  # the stacked layer axis of scanned blocks: every device holds all
 )
 
 

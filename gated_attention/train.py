@@ -30,7 +30,16 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gated_attention import checkpoint as checkpoint_lib
-from gated_attention import config_lib, distributed, interrupts, losses, optim, paths, sharding
+from gated_attention import (
+    config_lib,
+    distributed,
+    interrupts,
+    losses,
+    optim,
+    paths,
+    progress_log,
+    sharding,
+)
 from gated_attention import metrics_writer as metrics_lib
 from gated_attention import workdir as workdir_lib
 from gated_attention.model import Transformer
@@ -181,6 +190,11 @@ def jit_train_step(step_fn: Callable, mesh: Mesh, shardings: State,
         with jax.set_mesh(mesh), sharding.logical_rules(rules):
             return jitted(state, batch)
 
+    def lower(state: State, batch: Mapping[str, jax.Array]) -> jax.stages.Lowered:
+        with jax.set_mesh(mesh), sharding.logical_rules(rules):  # same program (preflight)
+            return jitted.lower(state, batch)
+
+    call.lower = lower
     return call
 
 
@@ -498,6 +512,9 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
 
         bar = tqdm(total=train_cfg.steps, initial=start, unit="step", dynamic_ncols=True,
                    desc=f"{config.arch}/{config.variant}")
+    # Without a bar (pods: output goes to a log file), a plain line every log_every steps.
+    plain = (progress_log.ProgressLine(config, run.mesh.devices.flat)
+             if bar is None and run.primary else None)
     end = train_cfg.steps if stop_after is None else min(train_cfg.steps, start + stop_after)
     done, stopped_by = start, None
     own_stop = stop is None
@@ -515,9 +532,12 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
             stopping = stop.should_stop(done, sync_point=at_log or at_checkpoint)
             if at_log or at_checkpoint or stopping:
                 metrics.write()  # pending records go out with every checkpoint
+                rate = metrics.last["tokens_per_sec"]
                 if bar is not None:
-                    bar.set_postfix(loss=f"{metrics.last['loss']:.3f}",
-                                    tok_s=f"{metrics.last['tokens_per_sec']:,.0f}")
+                    bar.set_postfix(loss=f"{metrics.last['loss']:.3f}", tok_s=f"{rate:,.0f}")
+                elif plain is not None and at_log:
+                    print(plain.line(done, metrics.last["loss"], rate,
+                                     metrics.tokens_per_step / rate), flush=True)
             if bar is not None:
                 bar.update(1)
             if train_cfg.eval_every and eval_batches and (  # due even when stopping

@@ -106,3 +106,20 @@ def test_bad_arguments_are_refused():
     caches = gen.empty_caches(model.cfg, 1, 4)
     with pytest.raises(ValueError, match="capture needs the whole sequence"):
         model(jnp.asarray([[1, 2]]), capture={"attention_probs"}, kv_caches=caches)
+
+
+def test_a_scanned_model_generates_what_its_per_layer_twin_generates():
+    """Scanned layers (the paper archs' default) decode through per-layer KV caches."""
+    from gated_attention.model import per_layer
+
+    config = base_config("tiny", "g1_sdpa_elementwise")
+    config.model.num_layers = 2
+    scanned = build_model(model_config(config).replace(scan_layers=True), seed=3)
+    twin = per_layer(scanned)
+    assert not twin.cfg.scan_layers and len(twin.layers) == 2
+    tokens = jnp.asarray([[5, 6, 7, 8, 9]])
+    np.testing.assert_allclose(np.asarray(scanned(tokens)[0]), np.asarray(twin(tokens)[0]),
+                               rtol=1e-5, atol=1e-5)
+    prompts = [[5, 6, 7], [9, 10, 11]]
+    np.testing.assert_array_equal(gen.generate(scanned, prompts, 4),
+                                  gen.generate(twin, prompts, 4))

@@ -1,6 +1,9 @@
 """tpu_scripts/: shellcheck-clean, dry runs print the exact gcloud commands, bad settings refused.
 
-Nothing here calls gcloud: dry runs only print, and the one real run has no gcloud on PATH.
+Nothing here calls gcloud: every script runs with --dry-run, and a stand-in `gcloud` that
+records any call comes first on PATH (each test checks it was never called). The local
+pre-flight runs through a stand-in Python (GATED_ATTENTION_PYTHON) that records its
+arguments, except where a test runs the real one.
 """
 
 import os
@@ -10,17 +13,42 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import pytest
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "tpu_scripts"
 ALL = sorted(p.name for p in SCRIPTS.glob("*.sh"))
 SETTINGS = {"PROJECT": "my-proj", "ZONE": "us-central2-b", "BUCKET": "gs://bkt/ga",
-            "TPU_NAME": "ga-pod", "TPU_TYPE": "v4-32", "RUNTIME_VERSION": "tpu-ubuntu2204-base",
-            "SPOT": "true", "QUEUED": "true"}
+            "TPU_NAME": "ga-pod", "TPU_TYPE": "v4-32", "SPOT": "true", "QUEUED": "true"}
 LOCATION = ["--project=my-proj", "--zone=us-central2-b"]
 SCRIPT_ARGS = {"create.sh": [], "setup.sh": [], "teardown.sh": ["--yes"],
                "launch.sh": ["--name", "r1"], "logs.sh": ["--name", "r1"],
                "launch_grid.sh": ["--grid", "experiments/grids/table1.py", "--name", "t1"]}
+
+
+@pytest.fixture(autouse=True)
+def stand_ins(tmp_path_factory, monkeypatch):
+    """A recording `gcloud` first on PATH, and a recording Python for the pre-flight (it runs
+    experiments.run_grid and `-c` snippets for real: launch_grid plans the grid with it, setup
+    reads the jax version). Yields the folder
+    where they write: gcloud.log must never appear, python.log holds one line per call."""
+    folder = tmp_path_factory.mktemp("stand_ins")
+    (folder / "gcloud").write_text(f'#!/bin/sh\necho "$*" >> {folder}/gcloud.log\nexit 0\n')
+    (folder / "python").write_text(
+        "#!/bin/sh\n"
+        f'case "$*" in *experiments.run_grid* | "-c "*) exec {sys.executable} "$@" ;; esac\n'
+        f'echo "$*" >> {folder}/python.log\n')
+    for name in ("gcloud", "python"):
+        (folder / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
+    monkeypatch.setenv("GATED_ATTENTION_PYTHON", str(folder / "python"))
+    yield folder
+    assert not (folder / "gcloud.log").exists(), "a test called gcloud"
+
+
+def preflight_calls(stand_ins):
+    log = stand_ins / "python.log"
+    return [shlex.split(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
 def write_settings(tmp_path, **changes):
@@ -78,7 +106,9 @@ def test_setup_copies_the_commit_and_installs_on_every_worker(tmp_path):
     assert ssh[:9] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "ga-pod", *LOCATION,
                        "--worker=all"]
     remote = remote_command(ssh)
-    assert ".[gcs,seqio]" in remote and "jax[tpu]" in remote
+    assert ".[gcs,seqio]" in remote and f"jax[tpu]=={jax.__version__}" in remote
+    text = remote_command_text(ssh)  # uv brings Python 3.11; the image's python3 is not used
+    assert "uv venv --clear --python 3.11 .venv" in text and "python3 -m venv" not in text
     *_, plain = dry_run(tmp_path, "setup.sh", EXTRAS="")
     assert ".[gcs]" in remote_command(plain)  # gs:// workdirs need gcsfs, always
 
@@ -225,14 +255,77 @@ def test_scripts_refuse_bad_flags_and_a_missing_settings_file(tmp_path):
         assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
 
 
-def test_without_gcloud_a_real_run_stops_and_a_dry_run_still_prints(tmp_path):
+def test_without_gcloud_the_check_stops_and_a_dry_run_still_prints(tmp_path):
     bin_dir = tmp_path / "bin"  # a PATH with bash and nothing else
     bin_dir.mkdir()
     (bin_dir / "bash").symlink_to(subprocess.check_output(["which", "bash"], text=True).strip())
     env = {**os.environ, "PATH": str(bin_dir)}
-    settings = str(write_settings(tmp_path))
-    result = run("create.sh", "--config", settings, env=env)
-    assert result.returncode == 2
-    assert "gcloud is not on the PATH" in result.stderr and "--dry-run" in result.stderr
-    printed = run("create.sh", "--config", settings, "--dry-run", env=env)
+    # The check itself, as a script without --dry-run meets it (no script is run for real).
+    check = subprocess.run(["bash", "-c", f"source {SCRIPTS / 'common.sh'}; require_gcloud"],
+                           capture_output=True, text=True, env=env, timeout=30)
+    assert check.returncode == 2
+    assert "gcloud is not on the PATH" in check.stderr and "--dry-run" in check.stderr
+    printed = run("create.sh", "--config", str(write_settings(tmp_path)), "--dry-run", env=env)
     assert printed.returncode == 0 and printed.stdout.startswith("gcloud compute tpus")
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPT_ARGS))
+def test_every_script_answers_help(script):
+    result = run(script, "--help")
+    assert result.returncode == 0, result.stderr
+    assert f"tpu_scripts/{script}" in result.stdout and "--dry-run" in result.stdout
+
+
+# Google's Cloud TPU documentation, "TPU software versions": the image per generation for JAX.
+@pytest.mark.parametrize("tpu_type, image", [
+    ("v6e-64", "v2-alpha-tpuv6e"), ("v5p-128", "v2-alpha-tpuv5"),
+    ("v5litepod-16", "v2-alpha-tpuv5-lite"), ("v4-32", "tpu-ubuntu2204-base")])
+def test_create_uses_each_generations_own_runtime_image(tmp_path, tpu_type, image):
+    (create, _) = dry_run(tmp_path, "create.sh", TPU_TYPE=tpu_type)
+    assert f"--runtime-version={image}" in create and f"--accelerator-type={tpu_type}" in create
+    from gated_attention.tpu_topologies import parse_accelerator
+
+    assert parse_accelerator(tpu_type).runtime_version == image  # the Python side agrees
+    refused = run("create.sh", "--config", str(write_settings(
+        tmp_path, TPU_TYPE=tpu_type, RUNTIME_VERSION="v2-alpha-tpuv6e" if image !=
+        "v2-alpha-tpuv6e" else "v2-alpha-tpuv5")), "--dry-run")
+    assert refused.returncode == 2 and f"{tpu_type} needs {image}" in refused.stderr
+    custom = dry_run(tmp_path, "create.sh", TPU_TYPE=tpu_type, RUNTIME_VERSION="my-image")
+    assert "--runtime-version=my-image" in custom[0]
+
+
+def test_launch_runs_the_preflight_for_the_pods_accelerator_first(tmp_path, stand_ins):
+    dry_run(tmp_path, "launch.sh", "--name", "r1", "--arch", "small", "--variant",
+            "g1_sdpa_headwise", "--", "--config.train.steps=10", "--overwrite",
+            TPU_TYPE="v5p-64")
+    assert preflight_calls(stand_ins) == [[
+        "-m", "gated_attention.preflight",
+        "--config=configs/ablation.py:arch=small,variant=g1_sdpa_headwise",
+        "--accelerator=v5p-64", "--config.train.steps=10"]]
+
+
+def test_launch_refuses_when_the_real_preflight_fails(tmp_path, monkeypatch):
+    """The real pre-flight (a batch the mesh cannot split: refused before compiling) stops
+    the launch: an error, and no gcloud command printed."""
+    monkeypatch.setenv("GATED_ATTENTION_PYTHON", sys.executable)
+    monkeypatch.setenv("PYTHONPATH", str(SCRIPTS.parent))
+    result = run("launch.sh", "--name", "r1", "--config", str(write_settings(tmp_path)),
+                 "--dry-run", "--", "--config.train.batch_size=3")
+    assert result.returncode == 2, result.stderr
+    assert "train.batch_size / train.grad_accum = 3 sequences must be divisible" in result.stderr
+    assert "nothing was started" in result.stderr and result.stdout == ""
+
+
+def test_launch_grid_preflights_each_distinct_run_config_once(tmp_path, stand_ins):
+    dry_run(tmp_path, "launch_grid.sh", "--grid", "experiments/grids/table3.py", "--name", "t3",
+            "--", "--scale", "tiny", "--seeds", "0,1")
+    calls = preflight_calls(stand_ins)
+    plan = subprocess.run(
+        [sys.executable, "-m", "experiments.run_grid", "experiments/grids/table3.py", "--root",
+         str(tmp_path / "r"), "--dry_run", "--no_analyze", "--scale", "tiny", "--seeds", "0"],
+        capture_output=True, text=True, cwd=SCRIPTS.parent, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(SCRIPTS.parent)})
+    runs = [line for line in plan.stdout.splitlines() if line.startswith("# ")]
+    assert len(calls) == len(runs) > 1  # seeds 0 and 1 share one pre-flight
+    assert all(c[:2] == ["-m", "gated_attention.preflight"] and "--accelerator=v4-32" in c
+               and not any(a.startswith("--config.seed") for a in c) for c in calls)

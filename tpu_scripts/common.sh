@@ -1,7 +1,9 @@
 # shellcheck shell=bash
 # Shared by every tpu_scripts/*.sh: flags, settings, checks, and running or printing commands.
 #   --config PATH   settings file (default: tpu_scripts/pod.env; see pod.env.example)
-#   --dry-run       print the exact commands instead of running them (gcloud not needed)
+#   --dry-run       print the exact gcloud commands instead of running them (gcloud not
+#                   needed); local checks such as the pre-flight still run
+#   --help          say what the script does and which flags it takes
 set -euo pipefail
 
 SCRIPTS_DIR="$(cd "${BASH_SOURCE[0]%/*}" && pwd)"
@@ -15,16 +17,26 @@ REMOTE_LOGS='~/logs'
 DRY_RUN=0
 CONFIG_FILE="$SCRIPTS_DIR/pod.env"
 ARGS=()
+# The Python of this checkout, for the local config check and pre-flight compile.
+LOCAL_PYTHON="${GATED_ATTENTION_PYTHON:-$REPO_ROOT/.venv/bin/python}"
 
 die() {
   echo "error: $*" >&2
   exit 2
 }
 
+# The calling script's leading comment block (after the shebang), as its --help.
+usage() {
+  awk 'NR == 1 { next } /^# shellcheck/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' \
+    "$0"
+  echo "Flags every script takes: --config PATH (default tpu_scripts/pod.env), --dry-run, --help."
+}
+
 # Split the flags every script shares from the script's own (left in ARGS).
 parse_common_flags() {
   while (($#)); do
     case "$1" in
+      -h | --help) usage; exit 0 ;;
       --dry-run) DRY_RUN=1 ;;
       --config) (($# > 1)) || die "--config needs a path"; CONFIG_FILE="$2"; shift ;;
       --config=*) CONFIG_FILE="${1#--config=}" ;;
@@ -47,6 +59,56 @@ load_settings() {
   [[ "$SPOT" == true || "$SPOT" == false ]] || die "SPOT=$SPOT in $CONFIG_FILE must be true or false"
   [[ "$QUEUED" == true || "$QUEUED" == false ]] ||
     die "QUEUED=$QUEUED in $CONFIG_FILE must be true or false"
+  PYTHON_VERSION="${PYTHON_VERSION:-3.11}"
+  [[ "$PYTHON_VERSION" =~ ^3\.[0-9]+$ ]] ||
+    die "PYTHON_VERSION=$PYTHON_VERSION in $CONFIG_FILE must look like 3.11"
+}
+
+# TPU VM image for an accelerator type: the versions Google's Cloud TPU documentation lists
+# for JAX per generation (page "TPU software versions"): v6e, v5p and v5e each have their own.
+runtime_for_type() {
+  case "$1" in
+    v6e-*) echo v2-alpha-tpuv6e ;;
+    v5p-*) echo v2-alpha-tpuv5 ;;
+    v5litepod-*) echo v2-alpha-tpuv5-lite ;;
+    v4-* | v3-* | v2-*) echo tpu-ubuntu2204-base ;;
+    *) return 1 ;;
+  esac
+}
+
+# RUNTIME_VERSION from pod.env, else the documented image for TPU_TYPE's generation; an
+# image documented for another generation is refused.
+resolve_runtime_version() {
+  local expected known
+  expected="$(runtime_for_type "$TPU_TYPE")" ||
+    die "TPU_TYPE=$TPU_TYPE in $CONFIG_FILE: no runtime image known for it; set RUNTIME_VERSION"
+  if [[ -z "${RUNTIME_VERSION:-}" ]]; then
+    RUNTIME_VERSION="$expected"
+    return 0
+  fi
+  for known in v2-alpha-tpuv6e v2-alpha-tpuv5 v2-alpha-tpuv5-lite tpu-ubuntu2204-base; do
+    if [[ "$RUNTIME_VERSION" == "$known" && "$known" != "$expected" ]]; then
+      die "RUNTIME_VERSION=$RUNTIME_VERSION in $CONFIG_FILE is the image for another TPU" \
+        "generation; $TPU_TYPE needs $expected (or leave RUNTIME_VERSION unset)"
+    fi
+  done
+}
+
+# The config check and the pre-flight compile of one run for $TPU_TYPE, here, before anything
+# is created or started: on failure stop with its error. Only --config.* flags apply to it.
+preflight_or_die() {
+  local config="$1" overrides=() arg
+  shift
+  for arg in "$@"; do
+    [[ "$arg" == --config.* ]] && overrides+=("$arg")
+  done
+  [[ -x "$LOCAL_PYTHON" ]] || die "no Python at $LOCAL_PYTHON for the pre-flight: run" \
+    "'make install-test' in this checkout, or set GATED_ATTENTION_PYTHON"
+  echo "# Pre-flight: $config on $TPU_TYPE (compiled here, no TPU used)" >&2
+  if ! (cd "$REPO_ROOT" && PYTHONPATH="$REPO_ROOT" "$LOCAL_PYTHON" -m gated_attention.preflight \
+    --config="$config" --accelerator="$TPU_TYPE" "${overrides[@]+"${overrides[@]}"}" >&2); then
+    die "pre-flight refused $config on $TPU_TYPE (its error is above); nothing was started"
+  fi
 }
 
 require() {

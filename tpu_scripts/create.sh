@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Create the TPU (through queued resources, or `tpu-vm create` with QUEUED=false).
+# Create the TPU (through queued resources, or `tpu-vm create` with QUEUED=false), with the
+# TPU VM image of its generation (RUNTIME_VERSION, by default the one Google documents for JAX
+# on TPU_TYPE: v2-alpha-tpuv6e, v2-alpha-tpuv5, v2-alpha-tpuv5-lite, tpu-ubuntu2204-base).
 #   tpu_scripts/create.sh [--config PATH] [--dry-run]
 # shellcheck source=common.sh
 source "$(cd "${BASH_SOURCE[0]%/*}" && pwd)/common.sh"
 parse_common_flags "$@"
 parse_flags ""  # no flags of its own
 load_settings
-require TPU_TYPE RUNTIME_VERSION
+require TPU_TYPE
+resolve_runtime_version
 require_gcloud
 
 spot=()

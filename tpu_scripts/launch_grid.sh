@@ -3,8 +3,11 @@
 # worker taking part in each run; results under $BUCKET/grids/NAME.
 #   tpu_scripts/launch_grid.sh --grid experiments/grids/table1.py --name NAME
 #       [--config PATH] [--dry-run] [-- --scale small --seeds 0,1 ...]
-# Flags after `--` go to `python -m experiments.run_grid`. Launching it again resumes the grid:
-# finished runs are skipped, interrupted ones resume from their checkpoints.
+# Flags after `--` go to `python -m experiments.run_grid`. First, here and before touching the
+# pod, every distinct run config of the grid (seeds aside) is checked and compiled for
+# TPU_TYPE (python -m gated_attention.preflight); one refusal stops the launch with its error.
+# Launching it again resumes the grid: finished runs are skipped, interrupted ones resume
+# from their checkpoints.
 # Each worker asks the TPU VM metadata server for its worker number and passes it as --worker:
 # all workers launch the same commands, only worker 0 writes status files and logs to $BUCKET.
 # shellcheck source=common.sh
@@ -13,12 +16,37 @@ parse_common_flags "$@"
 FLAG_name="" FLAG_grid=""
 parse_flags name grid
 load_settings
-require BUCKET
+require BUCKET TPU_TYPE
 check_name --name "$FLAG_name"
 [[ -n "$FLAG_grid" ]] || die "--grid is required (a file under experiments/grids/)"
 [[ -f "$REPO_ROOT/$FLAG_grid" ]] || die "--grid $FLAG_grid is not a file of this checkout" \
   "(choose one of: $(cd "$REPO_ROOT" && echo experiments/grids/*.py))"
 require_gcloud
+
+# The grid's runs as run_grid plans them (its dry run writes nothing), one config per line.
+[[ -x "$LOCAL_PYTHON" ]] || die "no Python at $LOCAL_PYTHON for the pre-flight: run" \
+  "'make install-test' in this checkout, or set GATED_ATTENTION_PYTHON"
+planned="$(cd "$REPO_ROOT" && PYTHONPATH="$REPO_ROOT" "$LOCAL_PYTHON" -m experiments.run_grid \
+  "$FLAG_grid" --root "${TMPDIR:-/tmp}/preflight-grid" --dry_run --no_analyze \
+  --command '{config} {overrides}' "${PASSTHROUGH[@]+"${PASSTHROUGH[@]}"}")" ||
+  die "the grid $FLAG_grid could not be planned with these flags (error above)"
+declare -A seen=()
+words=()
+while IFS= read -r line; do
+  [[ -z "$line" || "$line" == "#"* ]] && continue
+  eval "words=($line)"  # run_grid prints shell-quoted words
+  config="${words[0]#*configs/ablation.py:}"
+  key="$config"
+  overrides=()
+  for arg in "${words[@]:1}"; do
+    [[ "$arg" == --config.seed=* ]] && continue
+    overrides+=("$arg")
+    key+=" $arg"
+  done
+  [[ -n "${seen[$key]:-}" ]] && continue
+  seen[$key]=1
+  preflight_or_die "configs/ablation.py:$config" "${overrides[@]+"${overrides[@]}"}"
+done <<<"$planned"
 
 root="${BUCKET%/}/grids/$FLAG_name"
 metadata="http://metadata.google.internal/computeMetadata/v1/instance/attributes"

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Install the project (the committed HEAD of this checkout) on every TPU worker, in a venv
 # with jax[tpu]. Run it again after each commit you want on the pod.
+# The TPU VM images ship a Python older than the project needs: uv (installed on first use)
+# brings Python PYTHON_VERSION (default 3.11) for the venv. jax[tpu] is pinned to the jax of
+# this checkout's venv (JAX_VERSION in pod.env overrides), so the pod runs what the
+# pre-flight compiled.
 #   tpu_scripts/setup.sh [--config PATH] [--dry-run]
 # shellcheck source=common.sh
 source "$(cd "${BASH_SOURCE[0]%/*}" && pwd)/common.sh"
@@ -9,6 +13,13 @@ parse_flags ""  # no flags of its own
 load_settings
 require_gcloud
 
+if [[ -z "${JAX_VERSION:-}" ]]; then
+  JAX_VERSION="$("$LOCAL_PYTHON" -c \
+    'from importlib.metadata import version; print(version("jax"))' 2>/dev/null)" ||
+    die "cannot read the jax version of $LOCAL_PYTHON: set JAX_VERSION in $CONFIG_FILE"
+fi
+[[ "$JAX_VERSION" =~ ^[0-9]+(\.[0-9]+)+$ ]] || die "JAX_VERSION=$JAX_VERSION must look like 0.10.2"
+
 archive="${TMPDIR:-/tmp}/gated_attention-$TPU_NAME.tar.gz"
 run git -C "$REPO_ROOT" archive --format=tar.gz --output="$archive" HEAD
 run gcloud compute tpus tpu-vm scp "$archive" "$TPU_NAME:gated_attention.tar.gz" \
@@ -16,10 +27,14 @@ run gcloud compute tpus tpu-vm scp "$archive" "$TPU_NAME:gated_attention.tar.gz"
 # Unpacks over the previous copy (code only: runs live on $BUCKET, logs in ~/logs) and keeps
 # its venv.
 install="mkdir -p $REMOTE_DIR $REMOTE_LOGS && tar -xzf ~/gated_attention.tar.gz -C $REMOTE_DIR"
-install+=" && cd $REMOTE_DIR && { test -x .venv/bin/python || python3 -m venv .venv; }"
-install+=" && .venv/bin/pip install -q --upgrade pip"
+# uv and its Python: a venv made by an older setup (or with an old Python) is made anew.
+install+=" && cd $REMOTE_DIR && export PATH=\$HOME/.local/bin:\$PATH"
+install+=" && { command -v uv >/dev/null || curl -LsSf https://astral.sh/uv/install.sh | sh; }"
+install+=" && { .venv/bin/python -c 'import sys; assert \"%d.%d\" % sys.version_info[:2] == \"$PYTHON_VERSION\"'"
+install+=" 2>/dev/null || uv venv --clear --python $PYTHON_VERSION .venv; }"
 # gcs: gcsfs, through which etils.epath reaches the gs:// workdirs (tensorflow does too, if
 # the seqio extra brings it).
-install+=" && .venv/bin/pip install -q -e '.[gcs${EXTRAS:+,$EXTRAS}]' 'jax[tpu]'"
+install+=" && uv pip install --python .venv/bin/python -q -e '.[gcs${EXTRAS:+,$EXTRAS}]'"
+install+=" 'jax[tpu]==$JAX_VERSION'"
 install+=" && .venv/bin/python -c 'import jax; print(jax.process_index(), jax.local_devices())'"
 tpu_ssh all "$install"

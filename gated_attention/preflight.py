@@ -1,0 +1,300 @@
+"""Pre-flight: compile a run's train and eval steps for a TPU slice on any CPU, before renting it.
+
+    python -m gated_attention.preflight \
+        --config=configs/ablation.py:arch=dense_1p7b_28l,variant=g1_sdpa_elementwise \
+        --accelerator=v5p-64 [--config.mesh.fsdp=32 ...] [--json] [--dump_hlo=DIR]
+
+The steps are the ones `main` runs (train.train_state_spec, make_train_step, jit_train_step,
+make_eval_step: same functions, same shardings), traced inside `compiling_for("tpu")` so the
+attention kernel and its interpret mode are chosen for the TPU, and compiled by libtpu's real
+XLA TPU compiler (and Mosaic, for Pallas kernels) for a deviceless topology. The compiler's
+own figures are printed per chip: argument, output, temporary and total bytes against the
+chip's HBM, whether it fits, FLOPs next to the model's 6N + attention count, compile time.
+XLA's cost analysis counts a loop body once and a Pallas kernel not at all: with scanned
+layers or gradient accumulation the compiled FLOPs are those of one layer / one micro-batch.
+
+Building blocks for other tools and tests:
+    mesh = tpu_mesh("v5e:2x2", config.mesh)       # a Mesh of compile-only TPU devices
+    step = compile_step(config, mesh, "train")    # CompiledStep: .memory, .flops, .hlo_text
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from gated_attention import config_lib, sharding, train
+from gated_attention.ops.target import compiling_for
+from gated_attention.tpu_topologies import GiB, TpuSlice, parse_accelerator
+
+STEPS = ("train", "eval")
+BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "mask")
+MOSAIC_CALL = "tpu_custom_call"  # how a Pallas TPU kernel appears in the optimized HLO
+
+
+def tpu_devices(topology: str) -> list[Any]:
+    """Compile-only devices of a TPU topology such as "v5e:2x2" or "v5p:2x2x1" (no TPU needed).
+
+    A one-chip slice ("v5e:1x1") is described as a one-chip host.
+    """
+    import os
+
+    from jax.experimental import topologies
+
+    # Compiling takes no TPU: let several processes on this host load libtpu at once.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    single_chip = all(int(n) == 1 for n in topology.partition(":")[2].split("x"))
+    extra = {"chips_per_host_bounds": [1, 1, 1]} if single_chip else {}
+    try:
+        devices = list(topologies.get_topology_desc(topology_name=topology, platform="tpu",
+                                                    **extra).devices)
+    except Exception as err:  # libtpu absent or a name it refuses: one line
+        raise ValueError(f"cannot describe TPU topology {topology!r}: "
+                         f"{str(err).splitlines()[0]}") from None
+    # libtpu describes v4 with one device per TensorCore; a v4 VM runs one per chip
+    # (megacore), which is what jax's meshes require: keep the first core of each chip.
+    return [d for d in devices if getattr(d, "core_on_chip", 0) == 0]
+
+
+def tpu_mesh(topology: str, mesh_config: Mapping[str, Any]) -> Mesh:
+    """The run's mesh (config.mesh) over the compile-only devices of `topology`."""
+    return sharding.create_mesh(mesh_config, tpu_devices(topology))
+
+
+def abstract_batch(config: Any, mesh: Mesh, rules: sharding.Rules) -> dict[str, Any]:
+    """ShapeDtypeStructs of one global training batch (int32 [batch, seq_len], packed rows)."""
+    shape = (config.train.batch_size, config.data.seq_len)
+    placed = sharding.batch_sharding(mesh, rules)
+    return {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=placed) for k in BATCH_KEYS}
+
+
+@dataclasses.dataclass
+class CompiledStep:
+    """One compiled step and what the compiler says about it (figures are per device)."""
+
+    name: str
+    compiled: jax.stages.Compiled
+    compile_seconds: float      # wall clock: tracing, lowering and compiling
+    compile_cpu_seconds: float  # CPU time of this process over the same span (all threads)
+
+    @property
+    def memory(self) -> dict[str, int]:
+        stats = self.compiled.memory_analysis()
+        out = {"arguments": stats.argument_size_in_bytes, "outputs": stats.output_size_in_bytes,
+               "aliased": stats.alias_size_in_bytes, "temporaries": stats.temp_size_in_bytes,
+               "code": stats.generated_code_size_in_bytes}
+        # Donated arguments share their buffers with the outputs (aliased): count them once.
+        out["total"] = (out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"]
+                        + out["code"])
+        return out
+
+    @property
+    def flops(self) -> float:
+        cost = self.compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list | tuple) else cost
+        return float((cost or {}).get("flops", 0.0))
+
+    @property
+    def hlo_text(self) -> str:
+        return self.compiled.as_text()
+
+    @property
+    def mosaic_kernels(self) -> int:
+        """Pallas TPU kernels (Mosaic custom calls) in the optimized program."""
+        return self.hlo_text.count(f"custom_call_target=\"{MOSAIC_CALL}\"")
+
+
+def compile_step(config: Any, mesh: Mesh, step: str = "train",
+                 platform: str = "tpu") -> CompiledStep:
+    """Trace `main`'s train (or eval) step for `platform` and compile it for `mesh`'s devices."""
+    if step not in STEPS:
+        raise ValueError(f"step={step!r} is not allowed; choose one of {', '.join(STEPS)}")
+    rules = sharding.rules_from_config(config.get("mesh"))
+    train.check_batch_layout(config, mesh, rules)
+    with compiling_for(platform):
+        spec = train.train_state_spec(config, mesh)
+        batch = abstract_batch(config, mesh, rules)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        if step == "train":
+            jitted = train.jit_train_step(train.make_train_step(spec.graphdef, config), mesh,
+                                          spec.shardings, rules)
+            lowered = jitted.lower(spec.abstract, batch)
+        else:  # as train.run builds its eval step
+            eval_jit = jax.jit(train.make_eval_step(spec.graphdef),
+                               in_shardings=(spec.shardings["params"],
+                                             sharding.batch_sharding(mesh, rules)))
+            with jax.set_mesh(mesh), sharding.logical_rules(rules):
+                lowered = eval_jit.lower(spec.abstract["params"], batch)
+        compiled = lowered.compile()
+    return CompiledStep(step, compiled, time.perf_counter() - start,
+                        time.process_time() - cpu_start)
+
+
+def steps_main_runs(config: Any) -> tuple[str, ...]:
+    """The train step, and the eval step unless the run never evaluates (eval_every = 0)."""
+    evaluates = config.train.eval_every > 0 and config.train.eval_batches > 0
+    return ("train", "eval") if evaluates else ("train",)
+
+
+def model_flops_per_step(config: Any) -> float:
+    """6 N per token plus causal attention, for a whole global batch (inspect's count)."""
+    from gated_attention.inspect import train_flops_per_token
+
+    cfg = config_lib.model_config(config)
+    return train_flops_per_token(cfg, config.data.seq_len) * (config.train.batch_size
+                                                              * config.data.seq_len)
+
+
+def preflight(config: Any, tpu: TpuSlice, steps: tuple[str, ...] = STEPS,
+              dump_hlo: Path | None = None) -> dict[str, Any]:
+    """Compile `steps` of `config` for the slice; the report as a dict (bytes per device)."""
+    cfg = config_lib.validate_run_config(config)
+    if dump_hlo is not None:
+        taken = [dump_hlo / f"{s}_step.hlo.txt" for s in steps
+                 if (dump_hlo / f"{s}_step.hlo.txt").exists()]
+        if taken:
+            raise ValueError(f"--dump_hlo: {taken[0]} exists; choose an empty folder")
+    mesh = tpu_mesh(tpu.topology, config.mesh)
+    devices = mesh.devices.size
+    hbm = tpu.hbm_bytes * tpu.chips // devices
+    report: dict[str, Any] = {
+        "arch": config.arch, "variant": cfg.variant.name, "accelerator": tpu.accelerator,
+        "topology": tpu.topology, "chips": tpu.chips, "devices": devices,
+        "hbm_per_device": hbm, "mesh": {k: int(v) for k, v in mesh.shape.items()},
+        "batch_size": config.train.batch_size, "grad_accum": config.train.grad_accum,
+        "seq_len": config.data.seq_len, "attention_impl": cfg.attention_impl,
+        "remat": cfg.remat, "scan_layers": cfg.scan_layers,
+        "model_flops_per_step": model_flops_per_step(config), "steps": {},
+    }
+    for name in steps:
+        try:
+            step = compile_step(config, mesh, name)
+        except jax.errors.JaxRuntimeError as err:  # the compiler's own "does not fit"
+            if "RESOURCE_EXHAUSTED" not in str(err):
+                raise
+            report["steps"][name] = {"fits": False, "compiler_error": str(err).splitlines()[0]}
+            continue
+        info = {"memory": step.memory, "flops_per_device": step.flops,
+                "flops_per_step": step.flops * devices,
+                "compile_seconds": round(step.compile_seconds, 2),
+                "compile_cpu_seconds": round(step.compile_cpu_seconds, 2),
+                "mosaic_kernels": step.mosaic_kernels}
+        if name == "eval":  # the train state stays resident while the eval step runs
+            state = report["steps"].get("train", {}).get("memory", {}).get("arguments", 0)
+            info["memory"]["total"] += max(0, state - info["memory"]["arguments"])
+        info["fits"] = info["memory"]["total"] <= hbm
+        info["headroom"] = hbm - info["memory"]["total"]
+        report["steps"][name] = info
+        if dump_hlo is not None:
+            dump_hlo.mkdir(parents=True, exist_ok=True)
+            (dump_hlo / f"{name}_step.hlo.txt").write_text(step.hlo_text)
+    report["fits"] = all(s["fits"] for s in report["steps"].values())
+    return report
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.2f} GiB" if abs(n) >= GiB else f"{n / 2**20:.1f} MiB"
+
+
+def format_report(info: Mapping[str, Any]) -> str:
+    mesh = ",".join(f"{k}={v}" for k, v in info["mesh"].items())
+    head = [
+        f"pre-flight {info['arch']} / {info['variant']} on {info['accelerator']} "
+        f"(topology {info['topology']}, {info['chips']} chips, {_gib(info['hbm_per_device'])} "
+        "HBM per device)",
+        f"mesh {mesh}; batch {info['batch_size']} x {info['seq_len']}, grad_accum "
+        f"{info['grad_accum']}, remat {info['remat']}, scan_layers {info['scan_layers']}, "
+        f"attention {info['attention_impl']}",
+    ]
+    refused = {n: s["compiler_error"] for n, s in info["steps"].items() if "compiler_error" in s}
+    head += [f"{n} step: refused by the compiler: {e}" for n, e in refused.items()]
+    steps = {n: s for n, s in info["steps"].items() if n not in refused}
+    rows: list[tuple[str, ...]] = [("per device", *(f"{s} step" for s in steps))]
+
+    def row(label: str, fn: Any) -> None:
+        rows.append((label, *(fn(s) for s in steps.values())))
+
+    for key in ("arguments", "outputs", "aliased", "temporaries", "total"):
+        row(f"  {key}", lambda s, k=key: _gib(s["memory"][k]))
+    row("  fits (headroom)", lambda s: ("yes" if s["fits"] else "NO")
+        + f" ({_gib(s['headroom'])})")
+    row("  compiled FLOPs", lambda s: f"{s['flops_per_device']:.4g}")
+    row("  compiled FLOPs x devices", lambda s: f"{s['flops_per_step']:.4g}")
+    row("  Mosaic kernels in HLO", lambda s: str(s["mosaic_kernels"]))
+    row("  compile time (CPU time)", lambda s: f"{s['compile_seconds']:.1f} s "
+        f"({s['compile_cpu_seconds']:.1f} s)")
+    rows.append(("model FLOPs / step (6N + attention)",
+                 f"{info['model_flops_per_step']:.4g}", *([""] * max(0, len(steps) - 1))))
+    width = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    body = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
+                      enumerate(zip(r, width))) for r in rows]
+    notes = []
+    if info["scan_layers"] or info["grad_accum"] > 1:
+        notes.append("note: XLA counts a loop body once: compiled FLOPs hold one layer (scanned "
+                     "blocks) and one micro-batch (grad_accum), and no Pallas kernel's FLOPs")
+    verdict = "fits" if info["fits"] else "does NOT fit"
+    return "\n".join(head + body + notes + [f"=> {verdict} on {info['accelerator']}"])
+
+
+def main(argv: list[str]) -> None:
+    from absl import app, flags
+
+    FLAGS = flags.FLAGS
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    from gated_attention.tpu_topologies import AcceleratorError
+
+    try:
+        tpu = parse_accelerator(FLAGS.accelerator)
+        steps = tuple(s for s in FLAGS.steps.split(",") if s) or steps_main_runs(FLAGS.config)
+        for s in steps:
+            if s not in STEPS:
+                raise ValueError(f"--steps {s!r} is not allowed; choose from {', '.join(STEPS)}")
+        info = preflight(FLAGS.config, tpu, steps,
+                         Path(FLAGS.dump_hlo) if FLAGS.dump_hlo else None)
+    except (AcceleratorError, config_lib.ConfigError, ValueError) as err:
+        sys.exit(f"Pre-flight error: {err}")
+    print(json.dumps(info, indent=2) if FLAGS.json else format_report(info))
+    if not info["fits"]:
+        sys.exit(1)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl parsing, with config errors (unknown field, bad arch/variant) as one clear line."""
+    from absl import flags
+
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as err:
+        sys.exit(f"Flag error: {err}\nPass --helpfull to see the flags.")
+    except (AttributeError, KeyError, TypeError, ValueError) as err:
+        message = str(err).strip("'\"").replace("\\n", " ").replace("\\'", "'")
+        sys.exit(f"Config error: {message}")
+
+
+if __name__ == "__main__":
+    jax.config.update("jax_platforms", "cpu")  # the host only compiles; no accelerator needed
+    from absl import app, flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
+                                    "configs/ablation.py:arch=tiny,variant=baseline",
+                                    lock_config=True)
+    flags.DEFINE_string("accelerator", None, "Cloud TPU accelerator type as gcloud names it: "
+                        "v5litepod-16, v5p-64, v6e-64, v4-32, ...")
+    flags.DEFINE_string("steps", "", "Steps to compile: train, eval or train,eval (default: "
+                        "those main runs; no eval step with train.eval_every=0).")
+    flags.DEFINE_bool("json", False, "Print JSON instead of a table.")
+    flags.DEFINE_string("dump_hlo", "", "Folder to write the optimized HLO of each step to.")
+    flags.mark_flags_as_required(["config", "accelerator"])
+    FLAGS = flags.FLAGS
+    app.run(main, flags_parser=parse_flags)

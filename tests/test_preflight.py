@@ -1,0 +1,141 @@
+"""Pre-flight: gcloud names map to the documented topologies, and a real TPU compile of the
+tiny arch's whole train step (libtpu, deviceless) holds the Pallas kernel as Mosaic calls,
+with the compiler's memory and FLOPs matching hand counts.
+
+One TPU compile for the whole file (the `tiny_train_step` fixture); the report, HLO dump,
+inspect's memory section and the does-not-fit verdict reuse it.
+"""
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+
+pytest.importorskip("libtpu", reason="libtpu (make install-test) compiles for TPU targets")
+
+from gated_attention import config_lib, memory, preflight  # noqa: E402
+from gated_attention.tpu_topologies import AcceleratorError, parse_accelerator, torus_layout  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# Google's Cloud TPU documentation: v4 and v5p types count TensorCores (2 per chip), v5e and
+# v6e count chips; slice shapes as the docs list them.
+@pytest.mark.parametrize("name, chips, topology, hbm_gib", [
+    ("v5litepod-4", 4, "v5e:2x2", 16), ("v5litepod-16", 16, "v5e:4x4", 16),
+    ("v5litepod-256", 256, "v5e:16x16", 16), ("v5p-8", 4, "v5p:2x2x1", 95),
+    ("v5p-64", 32, "v5p:2x4x4", 95), ("v5p-128", 64, "v5p:4x4x4", 95),
+    ("v6e-8", 8, "v6e:2x4", 32), ("v6e-64", 64, "v6e:8x8", 32), ("v4-32", 16, "v4:2x2x4", 32),
+])
+def test_gcloud_accelerator_names_map_to_topologies(name, chips, topology, hbm_gib):
+    tpu = parse_accelerator(name)
+    assert (tpu.chips, tpu.topology, tpu.hbm_bytes) == (chips, topology, hbm_gib * 2**30)
+
+
+def test_unknown_accelerator_names_are_refused_with_the_known_ones():
+    for bad in ("v5p-6", "v5litepod-3", "v7-8", "tpu-16", "v5p"):
+        with pytest.raises(AcceleratorError, match="known: v4-8, .*v5litepod-16, .*v6e-256"):
+            parse_accelerator(bad)
+    assert torus_layout(512, 3) == (8, 8, 8) and torus_layout(128, 2) == (8, 16)
+
+
+def test_cli_refuses_bad_input_in_one_line_before_compiling(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "gated_attention.preflight",
+         "--config=configs/ablation.py:arch=tiny", "--accelerator=v5p-6",
+         f"--dump_hlo={tmp_path / 'hlo'}"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "Pre-flight error: accelerator 'v5p-6' is not a Cloud TPU type")
+    assert not (tmp_path / "hlo").exists()
+
+
+def tiny_config():
+    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config.model.num_layers = 2
+    config.model.scan_layers = True  # one traced block: the compile stays cheap
+    config.model.remat = "full"
+    config.model.attention_impl = "pallas_tpu"  # this project's gated flash kernel
+    config.train.batch_size = 8
+    return config
+
+
+@pytest.fixture(scope="module")
+def tiny_train_step():
+    config = tiny_config()
+    mesh = preflight.tpu_mesh("v5e:2x2", config.mesh)
+    return config, mesh, preflight.compile_step(config, mesh, "train")
+
+
+def test_tiny_train_step_compiles_for_v5e_with_the_pallas_kernel_in_mosaic(tiny_train_step):
+    config, mesh, step = tiny_train_step
+    assert mesh.devices.size == 4 and mesh.devices.flat[0].device_kind == "TPU v5 lite"
+    hlo = step.hlo_text
+    # Traced for the TPU (interpret mode off, whatever the host): the gated flash kernel as
+    # Mosaic custom calls (forward, its recomputation under full remat, dq and dk/dv: one
+    # scanned block), and no CPU interpreter (host callbacks) anywhere.
+    assert step.mosaic_kernels == 4, step.mosaic_kernels
+    assert "callback" not in hlo.lower()
+
+
+def test_compiler_memory_and_flops_match_hand_counts(tiny_train_step):
+    config, mesh, step = tiny_train_step
+    cfg = config_lib.model_config(config)
+    # Arguments: float32 weights + two AdamW moments (replicated over data=4), the step
+    # counter, and this device's quarter of the 5 int32 [8, 256] batch arrays.
+    params = memory.parameter_bytes(cfg, dict(mesh.shape))
+    assert params == 4 * 2 * (128 * 128 * 4 + 128 * 384 * 3 + 2 * 128 + 2 * 32) + 4 * (
+        1024 * 128 + 128)  # q,k,v(GQA 2 of 4 heads),o,gate = 4 of D x 128; 3 FFN; 4 norms
+    batch = 5 * (8 // 4) * 256 * 4
+    assert math.isclose(step.memory["arguments"], 3 * params + 4 + batch, rel_tol=0.01)
+    assert step.memory["aliased"] >= 3 * params  # the donated state is updated in place
+    # FLOPs: XLA's cost analysis counts its own ops, not the Mosaic kernels (the attention's
+    # matmuls are missing), and a loop body once: the scanned layers count as one layer.
+    # So per token: 6 x the tied embedding/head matmul, plus 8 x one layer's matmul weights
+    # (6 for forward and backward, 2 for remat's second forward).
+    layer_weights = 128 * 128 * 4 + 128 * 384 * 3
+    head = 1024 * 128
+    expected = (6 * head + 8 * layer_weights) * 8 * 256
+    assert math.isclose(step.flops * mesh.devices.size, expected, rel_tol=0.05)
+
+
+def test_report_dump_and_verdict(tiny_train_step, tmp_path, monkeypatch):
+    config, _, step = tiny_train_step
+    monkeypatch.setattr(preflight, "compile_step", lambda *a, **k: step)
+    tpu = parse_accelerator("v5litepod-4")
+    info = preflight.preflight(config, tpu, ("train",), dump_hlo=tmp_path / "hlo")
+    train = info["steps"]["train"]
+    assert info["fits"] and train["headroom"] == 16 * 2**30 - step.memory["total"]
+    assert (tmp_path / "hlo" / "train_step.hlo.txt").read_text() == step.hlo_text
+    json.dumps(info)  # --json prints it
+    text = preflight.format_report(info)
+    assert "v5e:2x2" in text and text.endswith("=> fits on v5litepod-4")
+    # An existing dump is never overwritten.
+    with pytest.raises(ValueError, match="train_step.hlo.txt exists"):
+        preflight.preflight(config, tpu, ("train",), dump_hlo=tmp_path / "hlo")
+    # The same program on a chip with 1 MiB of HBM does not fit.
+    small = dataclasses.replace(tpu, generation=dataclasses.replace(tpu.generation,
+                                                                      hbm_bytes=2**20))
+    refused = preflight.preflight(config, small, ("train",))
+    assert not refused["fits"] and "does NOT fit" in preflight.format_report(refused)
+    # A program the compiler refuses for memory is a "does not fit", not a crash.
+    def out_of_memory(*args, **kwargs):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the "
+                                         "total memory required ... (599.83G) exceeds ...")
+
+    monkeypatch.setattr(preflight, "compile_step", out_of_memory)
+    oom = preflight.preflight(config, tpu, ("train", "eval"))
+    assert not oom["fits"] and "(599.83G)" in oom["steps"]["eval"]["compiler_error"]
+    assert "train step: refused by the compiler: RESOURCE_EXHAUSTED" in \
+        preflight.format_report(oom)
+    monkeypatch.setattr(preflight, "compile_step", lambda *a, **k: step)
+    # inspect --mesh --accelerator shows the compiler's figure next to the estimate.
+    section = memory.report(config, "", None, accelerator="v5litepod-4")
+    assert section["compiled_train_step"]["total"] == step.memory["total"]
+    assert section["mesh"]["data"] == 4
