@@ -129,7 +129,7 @@ def compile_step(config: Any, mesh: Mesh, step: str = "train",
                                           spec.shardings, rules)
             lowered = jitted.lower(spec.abstract, batch)
         else:  # as train.run builds its eval step
-            eval_jit = jax.jit(train.make_eval_step(spec.graphdef),
+            eval_jit = jax.jit(train.make_eval_step(spec.graphdef, config.train.grad_accum),
                                in_shardings=(spec.shardings["params"],
                                              sharding.batch_sharding(mesh, rules)))
             with jax.set_mesh(mesh), sharding.logical_rules(rules):

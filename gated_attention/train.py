@@ -135,8 +135,7 @@ def make_train_step(graphdef: nnx.GraphDef, config: Any,
     def gradients(params: nnx.State, batch: Mapping[str, jax.Array]):
         if accum == 1:
             return grad_fn(params, batch)
-        micro = jax.tree.map(
-            lambda x: x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1), batch)
+        micro = split_micro_batches(batch, accum)
         first = jax.tree.map(lambda x: x[0], micro)
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                              jax.eval_shape(grad_fn, params, first))
@@ -198,14 +197,36 @@ def jit_train_step(step_fn: Callable, mesh: Mesh, shardings: State,
     return call
 
 
-def make_eval_step(graphdef: nnx.GraphDef) -> Callable[[nnx.State, Mapping[str, jax.Array]],
-                                                       dict]:
-    def eval_step(params: nnx.State, batch: Mapping[str, jax.Array]) -> dict:
+def split_micro_batches(batch: Mapping[str, jax.Array], k: int) -> dict[str, jax.Array]:
+    """[B, ...] -> [k, B/k, ...] with rows i, i+k, ... in micro-batch i (each stays spread
+    over every data shard)."""
+    return jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1),
+                        dict(batch))
+
+
+def make_eval_step(graphdef: nnx.GraphDef, micro_batches: int = 1
+                   ) -> Callable[[nnx.State, Mapping[str, jax.Array]], dict]:
+    """Held-out nll sum and token count of a batch, in `micro_batches` sequential pieces (as
+    the train step's grad_accum): a paper-size batch never needs its logits all at once."""
+
+    def one(params: nnx.State, batch: Mapping[str, jax.Array]) -> dict:
         model = nnx.merge(graphdef, params)
         logits, _ = model(batch["inputs"], positions=batch["positions"],
                           segment_ids=batch["segment_ids"])
         _, info = losses.cross_entropy(logits, batch["targets"], batch["mask"])
         return {"nll_sum": info["nll"] * info["tokens"], "tokens": info["tokens"]}
+
+    def eval_step(params: nnx.State, batch: Mapping[str, jax.Array]) -> dict:
+        if micro_batches == 1:
+            return one(params, batch)
+        micro = split_micro_batches(batch, micro_batches)
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                             jax.eval_shape(one, params, jax.tree.map(lambda x: x[0], micro)))
+
+        def body(total, piece):
+            return jax.tree.map(jnp.add, total, one(params, piece)), None
+
+        return jax.lax.scan(body, zeros, micro)[0]
 
     return eval_step
 
@@ -494,7 +515,7 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
     config, train_cfg = run.config, run.config.train
     step_fn = jit_train_step(make_train_step(run.spec.graphdef, config, run.tx), run.mesh,
                              run.spec.shardings, run.rules)
-    eval_jit = jax.jit(make_eval_step(run.spec.graphdef),
+    eval_jit = jax.jit(make_eval_step(run.spec.graphdef, train_cfg.grad_accum),
                        in_shardings=(run.spec.shardings["params"], run.data_sharding))
     eval_batches = [distributed.global_batch(b, run.data_sharding, train_cfg.batch_size)
                     for b in run.inputs.eval_batches]

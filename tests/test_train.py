@@ -238,3 +238,28 @@ def test_data_files_in_a_bucket(fake_bucket):
         ("gs://bucket/c4/en/b.txt", "third")]
     with pytest.raises(FileNotFoundError, match="gs://bucket/c4/fr/\\*.jsonl"):
         corpus.text_files("gs://bucket/c4/fr/*.jsonl")
+
+
+def test_micro_batched_eval_sums_to_the_whole_batch_eval():
+    """grad_accum pieces in the eval step (paper-size batches): same nll sum and tokens."""
+    from flax import nnx
+
+    from gated_attention.model import build_model
+
+    config = config_lib.base_config("tiny", "g1_sdpa_headwise")
+    config.model.num_layers = 2
+    model = build_model(config_lib.model_config(config), seed=1)
+    graphdef, params = nnx.split(model)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, config.model.vocab_size, (8, 17))
+    mask = (rng.random((8, 16)) > 0.2).astype(np.float32)
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "mask": mask,
+             "positions": np.broadcast_to(np.arange(16), (8, 16)),
+             "segment_ids": np.ones((8, 16), np.int32)}
+    whole = train.make_eval_step(graphdef)(params, batch)
+    pieces = jax.jit(train.make_eval_step(graphdef, micro_batches=4))(params, batch)
+    assert float(pieces["tokens"]) == float(mask.sum())
+    np.testing.assert_allclose(float(pieces["nll_sum"]), float(whole["nll_sum"]), rtol=1e-5)
+    # micro-batch i holds rows i and i + 4 (each piece spread over the data shards)
+    micro = train.split_micro_batches(batch, 4)
+    np.testing.assert_array_equal(np.asarray(micro["inputs"][1]), tokens[[1, 5], :-1])
