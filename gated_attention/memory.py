@@ -114,12 +114,12 @@ def per_device(cfg: ModelConfig, axis_sizes: Mapping[str, int], *, batch_size: i
 def compiled_train_step(config: Any, accelerator: str) -> dict[str, Any]:
     """The XLA TPU compiler's per-device memory for the run's train step on `accelerator`
     (a gcloud name such as v5p-64), compiled deviceless on this machine (needs libtpu)."""
-    from gated_attention import preflight
+    from gated_attention import target_compile
     from gated_attention.tpu_topologies import parse_accelerator
 
     tpu = parse_accelerator(accelerator)
-    mesh = preflight.tpu_mesh(tpu.topology, config.mesh)
-    step = preflight.compile_step(config, mesh, "train")
+    mesh = target_compile.tpu_mesh(tpu.topology, config.mesh)
+    step = target_compile.compile_step(config, mesh, "train")
     hbm = tpu.hbm_bytes * tpu.chips // mesh.devices.size
     return {"accelerator": tpu.accelerator, "devices": mesh.devices.size,
             "hbm_per_device": hbm, **step.memory,

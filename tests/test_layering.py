@@ -53,6 +53,7 @@ FLOORS: dict[str, int] = {
     "gated_attention.analyze": 5,
     "gated_attention.demo": 5,
     "gated_attention.preflight": 5,
+    "gated_attention.target_compile": 4,
     "gated_attention.convert": 5,
     "gated_attention.generate": 5,
     "gated_attention.evaluate_length": 5,

@@ -32,7 +32,9 @@ def tiny_grid(tmp_path_factory) -> pathlib.Path:
     root = tmp_path_factory.mktemp("grid") / "smoke"
     argv = [str(REPO / "experiments/grids/smoke.py"), "--root", str(root), "--parallel", "2",
             "--analyze_command", "{python} -m gated_attention.analyze --workdir={workdir} "
-                                 "--batches=2 --batch_size=4"]
+                                 "--batches=2 --batch_size=4",
+            # one machine: never join other processes, whatever the test worker's environment
+            "--command", run_grid.TRAIN_COMMAND + " --multihost=no"]
     for item in SETTINGS:
         argv += ["--set", item]
     with pytest.MonkeyPatch.context() as mp:

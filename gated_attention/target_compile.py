@@ -1,0 +1,126 @@
+"""Compile a run's train or eval step for a TPU topology without a TPU (libtpu, deviceless).
+
+The steps are the ones `train.run` builds (train_state_spec, make_train_step, jit_train_step,
+make_eval_step: same functions, same shardings), traced inside `compiling_for(platform)` so
+that every platform-dependent choice (attention kernel, interpret mode, MoE matmul) is the
+target's, not the host's. Used by the pre-flight command and by `inspect --accelerator`.
+
+    mesh = tpu_mesh("v5e:2x2", config.mesh)       # a Mesh of compile-only TPU devices
+    step = compile_step(config, mesh, "train")    # CompiledStep: .memory, .flops, .hlo_text
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from gated_attention import sharding, train
+from gated_attention.ops.target import compiling_for
+
+STEPS = ("train", "eval")
+BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "mask")
+MOSAIC_CALL = "tpu_custom_call"  # how a Pallas TPU kernel appears in the optimized HLO
+
+
+def tpu_devices(topology: str) -> list[Any]:
+    """Compile-only devices of a TPU topology such as "v5e:2x2" or "v5p:2x2x1" (no TPU needed).
+
+    A one-chip slice ("v5e:1x1") is described as a one-chip host.
+    """
+    import os
+
+    from jax.experimental import topologies
+
+    # Compiling takes no TPU: let several processes on this host load libtpu at once.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    single_chip = all(int(n) == 1 for n in topology.partition(":")[2].split("x"))
+    extra = {"chips_per_host_bounds": [1, 1, 1]} if single_chip else {}
+    try:
+        devices = list(topologies.get_topology_desc(topology_name=topology, platform="tpu",
+                                                    **extra).devices)
+    except Exception as err:  # libtpu absent or a name it refuses: one line
+        raise ValueError(f"cannot describe TPU topology {topology!r}: "
+                         f"{str(err).splitlines()[0]}") from None
+    # libtpu describes v4 with one device per TensorCore; a v4 VM runs one per chip
+    # (megacore), which is what jax's meshes require: keep the first core of each chip.
+    return [d for d in devices if getattr(d, "core_on_chip", 0) == 0]
+
+
+def tpu_mesh(topology: str, mesh_config: Mapping[str, Any]) -> Mesh:
+    """The run's mesh (config.mesh) over the compile-only devices of `topology`."""
+    return sharding.create_mesh(mesh_config, tpu_devices(topology))
+
+
+def abstract_batch(config: Any, mesh: Mesh, rules: sharding.Rules) -> dict[str, Any]:
+    """ShapeDtypeStructs of one global training batch (int32 [batch, seq_len], packed rows)."""
+    shape = (config.train.batch_size, config.data.seq_len)
+    placed = sharding.batch_sharding(mesh, rules)
+    return {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=placed) for k in BATCH_KEYS}
+
+
+@dataclasses.dataclass
+class CompiledStep:
+    """One compiled step and what the compiler says about it (figures are per device)."""
+
+    name: str
+    compiled: jax.stages.Compiled
+    compile_seconds: float      # wall clock: tracing, lowering and compiling
+    compile_cpu_seconds: float  # CPU time of this process over the same span (all threads)
+
+    @property
+    def memory(self) -> dict[str, int]:
+        stats = self.compiled.memory_analysis()
+        out = {"arguments": stats.argument_size_in_bytes, "outputs": stats.output_size_in_bytes,
+               "aliased": stats.alias_size_in_bytes, "temporaries": stats.temp_size_in_bytes,
+               "code": stats.generated_code_size_in_bytes}
+        # Donated arguments share their buffers with the outputs (aliased): count them once.
+        out["total"] = (out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"]
+                        + out["code"])
+        return out
+
+    @property
+    def flops(self) -> float:
+        cost = self.compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list | tuple) else cost
+        return float((cost or {}).get("flops", 0.0))
+
+    @property
+    def hlo_text(self) -> str:
+        return self.compiled.as_text()
+
+    @property
+    def mosaic_kernels(self) -> int:
+        """Pallas TPU kernels (Mosaic custom calls) in the optimized program."""
+        return self.hlo_text.count(f"custom_call_target=\"{MOSAIC_CALL}\"")
+
+
+def compile_step(config: Any, mesh: Mesh, step: str = "train",
+                 platform: str = "tpu") -> CompiledStep:
+    """Trace `main`'s train (or eval) step for `platform` and compile it for `mesh`'s devices."""
+    if step not in STEPS:
+        raise ValueError(f"step={step!r} is not allowed; choose one of {', '.join(STEPS)}")
+    rules = sharding.rules_from_config(config.get("mesh"))
+    train.check_batch_layout(config, mesh, rules)
+    with compiling_for(platform):
+        spec = train.train_state_spec(config, mesh)
+        batch = abstract_batch(config, mesh, rules)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        if step == "train":
+            jitted = train.jit_train_step(train.make_train_step(spec.graphdef, config), mesh,
+                                          spec.shardings, rules)
+            lowered = jitted.lower(spec.abstract, batch)
+        else:  # as train.run builds its eval step
+            eval_jit = jax.jit(train.make_eval_step(spec.graphdef, config.train.grad_accum),
+                               in_shardings=(spec.shardings["params"],
+                                             sharding.batch_sharding(mesh, rules)))
+            with jax.set_mesh(mesh), sharding.logical_rules(rules):
+                lowered = eval_jit.lower(spec.abstract["params"], batch)
+        compiled = lowered.compile()
+    return CompiledStep(step, compiled, time.perf_counter() - start,
+                        time.process_time() - cpu_start)
