@@ -223,10 +223,11 @@ def make_eval_step(graphdef: nnx.GraphDef, micro_batches: int = 1
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                              jax.eval_shape(one, params, jax.tree.map(lambda x: x[0], micro)))
 
-        def body(total, piece):
-            return jax.tree.map(jnp.add, total, one(params, piece)), None
+        def body(carry, piece):  # params ride in the carry: nnx modules (scanned layers)
+            weights, total = carry  # must be built from the scan body's own tracers
+            return (weights, jax.tree.map(jnp.add, total, one(weights, piece))), None
 
-        return jax.lax.scan(body, zeros, micro)[0]
+        return jax.lax.scan(body, (params, zeros), micro)[0][1]
 
     return eval_step
 

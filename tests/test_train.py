@@ -263,3 +263,25 @@ def test_micro_batched_eval_sums_to_the_whole_batch_eval():
     # micro-batch i holds rows i and i + 4 (each piece spread over the data shards)
     micro = train.split_micro_batches(batch, 4)
     np.testing.assert_array_equal(np.asarray(micro["inputs"][1]), tokens[[1, 5], :-1])
+
+
+def test_micro_batched_eval_of_a_scanned_model_traces():
+    """Scanned layers inside the eval micro-batch scan (the paper archs' default)."""
+    from flax import nnx
+
+    from gated_attention.model import build_model, per_layer
+
+    config = config_lib.base_config("tiny", "baseline")
+    config.model.num_layers = 2
+    cfg = config_lib.model_config(config)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, config.model.vocab_size, (4, 9))
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "mask": np.ones((4, 8)),
+             "positions": np.broadcast_to(np.arange(8), (4, 8)),
+             "segment_ids": np.ones((4, 8), np.int32)}
+    scanned = build_model(cfg.replace(scan_layers=True), seed=2)
+    sums = []
+    for model in (scanned, per_layer(scanned)):  # the same weights, stacked and per layer
+        graphdef, params = nnx.split(model)
+        sums.append(float(jax.jit(train.make_eval_step(graphdef, 2))(params, batch)["nll_sum"]))
+    np.testing.assert_allclose(sums[0], sums[1], rtol=1e-5)
