@@ -1,6 +1,6 @@
 """benchmarks/: the table, the block-size sweep and the one-call device session, on a CPU.
 
-The sweep and the table run through benchmarks/device_session.sh with SMALL=1 (tiny shapes
+The sweep and the table run through benchmarks/device_benchmark.sh with SMALL=1 (tiny shapes
 and candidates, kernels interpreted) while `attention.py --check --small` runs beside it, so
 the code paths a GPU session will take run here first. Both start once per module, in
 parallel.
@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-SESSION = BENCH / "device_session.sh"
+SESSION = BENCH / "device_benchmark.sh"
 sys.path.insert(0, str(BENCH))
 
 import attention  # noqa: E402 - benchmarks/attention.py

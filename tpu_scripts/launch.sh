@@ -28,7 +28,7 @@ main+=" --config=configs/ablation.py:arch=$FLAG_arch,variant=$FLAG_variant"
 main+=" --workdir=$(printf '%q' "$workdir") --progress=false$(quoted_passthrough)"
 log="$REMOTE_LOGS/$FLAG_name.log"
 # Every worker runs the same command; GATED_ATTENTION_MULTIHOST=1 makes main.py join them with
-# jax.distributed.initialize(). setsid + nohup: the run survives the ssh session.
+# jax.distributed.initialize(). setsid + nohup: the run survives the ssh connection.
 remote="mkdir -p $REMOTE_LOGS && cd $REMOTE_DIR && GATED_ATTENTION_MULTIHOST=1 setsid nohup"
 remote+=" $main > $log 2>&1 < /dev/null &"
 tpu_ssh all "$remote"

@@ -58,7 +58,7 @@ grid=".venv/bin/python -m experiments.run_grid $(printf '%q' "$FLAG_grid")"
 grid+=" --root $(printf '%q' "$root") --parallel 1$grid_worker$(quoted_passthrough)"
 log="$REMOTE_LOGS/grid-$FLAG_name.log"
 # Every worker: its number from the metadata server (or stop with a message, launching
-# nothing), then the grid runner in the background (setsid + nohup: it survives the session).
+# nothing), then the grid runner in the background (setsid + nohup: it survives the ssh connection).
 remote="mkdir -p $REMOTE_LOGS && cd $REMOTE_DIR"
 remote+=" && if GATED_ATTENTION_WORKER_ID=\$($worker_id); then export GATED_ATTENTION_WORKER_ID;"
 # Only worker 0 analyses each run (one host's job); meanwhile the others wait to join the

@@ -1,6 +1,6 @@
 """Gating against the other cures for attention sinks: off-by-one softmax, a learned sink
 logit and Softpick (not in the paper's tables). Windows start with a BOS token, which is
-where a sink forms first at small scale (/work/shared/anchors/small_scale_effects.md)."""
+where a sink forms first at small scale (docs/sinks.md)."""
 
 from experiments.grid_lib import Run, scaled_arch
 

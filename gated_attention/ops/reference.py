@@ -120,7 +120,7 @@ def first_token_weights(
 ) -> jax.Array:
     """Weight each query puts on key 0, [b, heads, q_len], one query chunk at a time.
 
-    Equivalent to `attention_weights(...)[..., 0]` but keeps only chunk x k_len logits alive,
+    The same as `attention_weights(...)[..., 0]` but keeps only chunk x k_len logits alive,
     so the attention-sink metric is cheap at long lengths.
     """
     b, s, h, d = q.shape

@@ -4,11 +4,11 @@
 # What matters most runs first: the table (baselines before our rows) and the train-step MFU.
 #
 # Usage, from the repository root:
-#   bash benchmarks/device_session.sh [STEP ...]   # steps: env table train check sweep
+#   bash benchmarks/device_benchmark.sh [STEP ...]   # steps: env table train check sweep
 #                                                  # (default: these five, in this order)
 #   train_pallas (only when named): the G1 step with attention_impl=pallas_gpu (fused gate)
 # Environment:
-#   OUT       results folder (default runs/device_session); the device tool sets it
+#   OUT       results folder (default runs/device_benchmark); the device tool sets it
 #   BUDGET_S  wall-clock seconds for the whole script (default 540); each step gets the smaller
 #             of its own cap and what is left, and a step with under 15 s left is skipped.
 #             The caps add up to the default budget: env 40, table 180, train 3 x 70,
@@ -33,7 +33,7 @@
 set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-$PWD/runs/device_session}
+OUT=${OUT:-$PWD/runs/device_benchmark}
 SMALL=${SMALL:-0}
 # The CPU rehearsal interprets the kernels: every cap and the default budget 4x longer.
 SCALE=1
