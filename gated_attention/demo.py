@@ -184,10 +184,11 @@ def write_report(workdir: pathlib.Path, results: dict[str, dict[str, Any]],
         "- Perplexity differences at this budget are within seed noise; compare over seeds "
         "and longer runs.",
         "",
-        "A longer run (about 1 hour on a CPU, minutes on a GPU):",
+        "A longer run (the docs corpus allows about 3 epochs, data.max_epochs=4; about 15 "
+        "minutes on a CPU):",
         "",
         "```",
-        "python -m gated_attention.demo --workdir=runs/demo_long --steps=5000 --seq_len=256",
+        "python -m gated_attention.demo --workdir=runs/demo_long --steps=700 --seq_len=256",
         "# or one model at a time on the larger local corpus (any config field overridable):",
         "python -m gated_attention.main --config=configs/ablation.py:arch=tiny,"
         "variant=g1_sdpa_elementwise \\",
