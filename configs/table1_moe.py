@@ -10,7 +10,7 @@ Every row trains the 15A2B recipe of configs/moe_15a2b.py; `arch=tiny_moe` runs 
 row on a model a CPU trains (then lower train.batch_size and train.steps).
 """
 
-from gated_attention.config_lib import ConfigError, base_config, parse_config_string
+from gated_attention.config_lib import moe_15a2b_recipe, table_row_config
 
 ROWS = (
     "baseline", "g1_sdpa_elementwise", "kv_heads_8", "q_heads_48", "add_4_experts",
@@ -21,17 +21,4 @@ ROWS = (
 
 
 def get_config(arg=None):
-    options = parse_config_string(arg)
-    variant = options.get("variant", ROWS[0])
-    if variant not in ROWS:
-        raise ConfigError(f"variant={variant!r} is not a row of this table; choose one of "
-                          f"{', '.join(ROWS)}")
-    config = base_config(options.get("arch", "moe_15a2b"), variant)
-    config.model.remat = "dots_with_no_batch_dims_saveable"
-    config.train.batch_size = 1024  # sequences of 4096 tokens
-    config.train.steps = 100_000
-    config.train.eval_every = config.train.checkpoint_every = 1_000
-    config.optimizer.peak_lr, config.optimizer.final_lr = 2e-3, 3e-5
-    config.optimizer.warmup_steps = 1_000
-    config.mesh.data, config.mesh.fsdp = 1, -1
-    return config
+    return moe_15a2b_recipe(table_row_config(arg, ROWS, "moe_15a2b"))

@@ -11,19 +11,14 @@ Gated models have their FFN narrowed to the baseline's parameter count. The reci
 of configs/dense_1p7b.py; `arch=tiny` runs a row on a model a CPU trains.
 """
 
-from gated_attention.config_lib import ConfigError, base_config, parse_config_string
+from gated_attention.config_lib import table_row_config
 
 ROWS = ("baseline", "g1_sdpa_elementwise", "baseline_sandwich_norm", "g1_sdpa_headwise")
 
 
 def get_config(arg=None):
-    options = parse_config_string(arg)
-    variant = options.get("variant", ROWS[0])
-    if variant not in ROWS:
-        raise ConfigError(f"variant={variant!r} is not a row of this table; choose one of "
-                          f"{', '.join(ROWS)}")
-    config = base_config(options.get("arch", "dense_1p7b_28l"), variant)
-    config.model.narrow_ffn_to_match_baseline = variant.startswith("g1_")
+    config = table_row_config(arg, ROWS, "dense_1p7b_28l")
+    config.model.narrow_ffn_to_match_baseline = config.variant.startswith("g1_")
     config.model.remat = "dots_with_no_batch_dims_saveable"
     config.train.batch_size = 1024  # sequences of 4096 tokens
     config.train.steps = 95_000  # 400B tokens

@@ -348,6 +348,31 @@ def parse_config_string(arg: str | None) -> dict[str, str]:
     return out
 
 
+
+def table_row_config(arg: str | None, rows: tuple[str, ...],
+                     default_arch: str) -> ml_collections.ConfigDict:
+    """The base config of one row of a paper table (configs/table*.py): `variant=` in the
+    config string must be one of the table's `rows`; `arch=` defaults to the table's."""
+    options = parse_config_string(arg)
+    variant = options.get("variant", rows[0])
+    if variant not in rows:
+        raise ConfigError(f"variant={variant!r} is not a row of this table; choose one of "
+                          f"{', '.join(rows)}")
+    return base_config(options.get("arch", default_arch), variant)
+
+
+def moe_15a2b_recipe(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The paper's 15A2B MoE training recipe (Tables 1, 3, 4, 6): 1024 sequences of 4096 per
+    step, 100k steps, warm-up 1k to 2e-3 then cosine to 3e-5, FSDP over every chip."""
+    config.model.remat = "dots_with_no_batch_dims_saveable"
+    config.train.batch_size = 1024  # sequences of 4096 tokens
+    config.train.steps = 100_000
+    config.train.eval_every = config.train.checkpoint_every = 1_000
+    config.optimizer.peak_lr, config.optimizer.final_lr = 2e-3, 3e-5
+    config.optimizer.warmup_steps = 1_000
+    config.mesh.data, config.mesh.fsdp = 1, -1
+    return config
+
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
