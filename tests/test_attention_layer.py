@@ -6,8 +6,8 @@ import numpy_reference as ref
 import pytest
 from flax import nnx
 
+from gated_attention.config_lib import ModelConfig
 from gated_attention.layers.attention import Attention
-from gated_attention.model_config import ModelConfig
 from gated_attention.variants import VARIANTS
 
 ATTENTION_VARIANTS = [name for name, v in VARIANTS.items()

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import ml_dtypes
 import numpy as np
 
-from gated_attention.config_lib import ConfigError
-from gated_attention.model_config import ModelConfig
+from gated_attention import config_lib
+from gated_attention.config_lib import ConfigError, ModelConfig
 
 Tensors = dict[str, np.ndarray]
 Params = dict[str, np.ndarray]  # dotted project paths, e.g. "layers.0.attention.q_proj"
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints carry
-DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+# The model dtypes (config_lib.DTYPES) as numpy dtypes, for the arrays of a checkpoint file.
+DTYPES = {name: np.dtype(dtype) for name, dtype in config_lib.DTYPES.items()}
 
 
 def gate_width(cfg: ModelConfig) -> int:

@@ -6,6 +6,8 @@ it is added to the residual stream.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax
 from flax import nnx
 
@@ -13,7 +15,9 @@ from gated_attention.layers.attention import Attention
 from gated_attention.layers.kv_cache import KVCache
 from gated_attention.layers.mlp import SwiGLU
 from gated_attention.layers.norms import RMSNorm
-from gated_attention.model_config import ModelConfig
+
+if TYPE_CHECKING:  # the type only: config_lib defines ModelConfig above these floors
+    from gated_attention.config_lib import ModelConfig
 
 Aux = dict[str, jax.Array]
 
