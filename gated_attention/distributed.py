@@ -32,11 +32,35 @@ ENV_MULTIHOST = "GATED_ATTENTION_MULTIHOST"
 ENV_INIT_TIMEOUT = "GATED_ATTENTION_INIT_TIMEOUT_S"
 
 
+# Variables libtpu sets in the process environment when it starts off a TPU VM (compiling for
+# a TPU target on a CPU host), with a "WARNING: could not determine ..." sentence as their
+# value. Python's os.environ never sees them, but child processes inherit them.
+LIBTPU_PLACEHOLDER_ENV = ("TPU_WORKER_ID", "CLOUD_TPU_TASK_ID", "CLOUD_TPU_ACCELERATOR_TYPE",
+                          "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES")
+
+
+def _value(env: Mapping[str, str], key: str) -> str:
+    """The variable's value, or "" when unset or holding a sentence (libtpu's placeholder)."""
+    value = env.get(key, "").strip()
+    return "" if any(c.isspace() for c in value) else value
+
+
 def on_tpu_pod(env: Mapping[str, str] | None = None) -> bool:
     """True on a TPU VM that is one worker of several (single-host VMs list one hostname)."""
     env = os.environ if env is None else env
-    hosts = [h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]
-    return len(hosts) > 1 or any(env.get(k) for k in TPU_POD_ENV[1:])
+    hosts = [h for h in _value(env, "TPU_WORKER_HOSTNAMES").split(",") if h]
+    task_id = _value(env, "CLOUD_TPU_TASK_ID")
+    return (len(hosts) > 1 or bool(_value(env, "MEGASCALE_COORDINATOR_ADDRESS"))
+            or task_id.isdigit())
+
+
+def clear_libtpu_placeholders() -> None:
+    """Unset the placeholder variables libtpu leaves after a compile-only start on a CPU host,
+    so that processes started from this one do not take themselves for workers of a pod. A
+    variable this process was started with (os.environ holds it) is kept."""
+    for key in LIBTPU_PLACEHOLDER_ENV:
+        if key not in os.environ:
+            os.unsetenv(key)
 
 
 def _env_int(env: Mapping[str, str], key: str) -> int | None:

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from gated_attention import sharding, train
+from gated_attention import distributed, sharding, train
 from gated_attention.ops.target import compiling_for
 
 STEPS = ("train", "eval")
@@ -47,6 +47,7 @@ def tpu_devices(topology: str) -> list[Any]:
     except Exception as err:  # libtpu absent or a name it refuses: one line
         raise ValueError(f"cannot describe TPU topology {topology!r}: "
                          f"{str(err).splitlines()[0]}") from None
+    distributed.clear_libtpu_placeholders()
     # libtpu describes v4 with one device per TensorCore; a v4 VM runs one per chip
     # (megacore), which is what jax's meshes require: keep the first core of each chip.
     return [d for d in devices if getattr(d, "core_on_chip", 0) == 0]

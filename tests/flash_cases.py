@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gated_attention import ops, sharding
+from gated_attention import distributed, ops, sharding
 from gated_attention.data.packing import random_segment_ids
 from gated_attention.ops import reference
 from gated_attention.ops.block_sizes import block_sizes_for
@@ -189,7 +189,9 @@ def tpu_topology(name: str):
     from jax.experimental import topologies
 
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    return topologies.get_topology_desc(topology_name=name, platform="tpu")
+    topology = topologies.get_topology_desc(topology_name=name, platform="tpu")
+    distributed.clear_libtpu_placeholders()  # later tests' subprocesses are no pod workers
+    return topology
 
 
 def tpu_compiled_text(topology: str, *, impl: str = "pallas_tpu", normalizer: str = "softmax",

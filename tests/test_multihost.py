@@ -24,6 +24,11 @@ def test_initialize_decides_from_flags_and_environment():
     assert distributed.initialize(None, env={}) is False  # one host, nothing asked for
     assert distributed.on_tpu_pod({"TPU_WORKER_HOSTNAMES": "10.0.0.2,10.0.0.3"})
     assert not distributed.on_tpu_pod({"TPU_WORKER_HOSTNAMES": "10.0.0.2"})
+    assert distributed.on_tpu_pod({"CLOUD_TPU_TASK_ID": "3"})
+    # what libtpu leaves in the environment after a compile-only start on a CPU host
+    placeholder = ("WARNING: could not determine TPU worker number, please set env var "
+                   "`TPU_WORKER_ID` manually, otherwise libtpu.so may not properly initialize.")
+    assert not distributed.on_tpu_pod({k: placeholder for k in distributed.TPU_POD_ENV})
     with pytest.raises(ValueError, match="set JAX_NUM_PROCESSES and JAX_PROCESS_ID"):
         distributed.initialize(None, env={"JAX_COORDINATOR_ADDRESS": "localhost:1234"})
     with pytest.raises(ValueError, match="JAX_NUM_PROCESSES='two' must be an integer"):
@@ -122,3 +127,18 @@ def test_two_processes_agree_with_one_process(tmp_path):
     assert len(pod) == 4 + 1  # written once (by process 0), not once per process
     np.testing.assert_allclose([r["loss"] for r in pod], [r["loss"] for r in one], rtol=1e-5)
     assert sorted(p.name for p in (tmp_path / "pod" / "checkpoints").iterdir()) == ["2", "4"]
+
+
+def test_a_tpu_target_compile_leaves_no_pod_environment_to_children():
+    """libtpu, started to compile for a TPU on this CPU host, sets CLOUD_TPU_TASK_ID and
+    friends in the process environment; a child process (a grid's run) must still see a
+    single host."""
+    from gated_attention import target_compile
+
+    target_compile.tpu_devices("v5e:2x2")
+    probe = ("import os, sys; from gated_attention import distributed; "
+             "print(distributed.on_tpu_pod(), sorted(k for k in distributed.LIBTPU_PLACEHOLDER_ENV"
+             " if k in os.environ))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).parents[1]).stdout.split()
+    assert out == ["False", "[]"]

@@ -33,8 +33,9 @@ def tiny_grid(tmp_path_factory) -> pathlib.Path:
     argv = [str(REPO / "experiments/grids/smoke.py"), "--root", str(root), "--parallel", "2",
             "--analyze_command", "{python} -m gated_attention.analyze --workdir={workdir} "
                                  "--batches=2 --batch_size=4",
-            # one machine: never join other processes, whatever the test worker's environment
-            "--command", run_grid.TRAIN_COMMAND + " --multihost=no"]
+            # the default command: a test worker that compiled for a TPU target before (libtpu
+            # then leaves pod-like variables to child processes) still runs one host
+            "--command", run_grid.TRAIN_COMMAND]
     for item in SETTINGS:
         argv += ["--set", item]
     with pytest.MonkeyPatch.context() as mp:
