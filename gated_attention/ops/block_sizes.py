@@ -39,8 +39,8 @@ _GPU_SMALL = {  # pre-Hopper (A100 and similar): fewer stages fit in shared memo
 # fewest HBM bytes (counted off the kernels' grids: 188 / 178 MiB for dq / dk-dv at d128,
 # against 318 / 308 MiB for the 256 x 256 tiles before) and has a quarter of the grid steps.
 # That is a cost model (compiler: legality; roofline from published chip figures), not a
-# timing on a TPU: with no per-step overhead 256-wide tiles would be ~5-9% cheaper on
-# v5e / v5p (less work wasted on the causal diagonal).
+# timing on a TPU: with no per-step overhead 128- or 256-wide tiles would be 6-8% cheaper
+# on v5e / v5p (less work wasted on the causal diagonal). See docs/kernels_speed.md.
 _TPU_BWD = dict(block_q_dq=512, block_kv_dq=512, block_q_dkv=512, block_kv_dkv=512)
 _TPU = {
     d: dict(block_q=512 if d <= 128 else 256, block_kv=512 if d <= 128 else 256, **_TPU_BWD,
