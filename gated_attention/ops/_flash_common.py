@@ -97,7 +97,8 @@ def weights_and_dlogits(x: jax.Array, mask: jax.Array, lse: jax.Array, dw: jax.A
                         delta: jax.Array, normalizer: str):
     """Recompute attention weights [bq, bkv] from lse and the gradient w.r.t. the logits.
 
-    lse, delta [bq, 1]; dw = dO . V^T; delta = rowsum(dO * O). Softmax family:
+    lse, delta [bq, 1] (or [1, bq] rows against a transposed [bkv, bq] tile: every op here is
+    elementwise); dw = dO . V^T; delta = rowsum(dO * O). Softmax family:
     dx = w (dw - delta). Softpick (w = relu(u)/N, u = e^x - 1):
     dx = e^x/N (1[x>0] dw - sign(x) delta).
     """

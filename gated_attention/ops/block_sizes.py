@@ -34,9 +34,16 @@ _GPU_SMALL = {  # pre-Hopper (A100 and similar): fewer stages fit in shared memo
     d: dict(cfg, num_stages=2, num_stages_bwd=2) for d, cfg in _GPU.items()
 }
 # Mosaic TPU: MXU-sized tiles (multiples of 128); larger kv tiles amortise the grid step.
+# Backward tiles: benchmarks/tpu_tiles.py (2026-11-30), v5e, v5p and v6e alike, head_dim 64,
+# 128 and 256 at B1 S4096 H16 KV8: every 128..512 candidate compiles; 512 x 512 moves the
+# fewest HBM bytes (counted off the kernels' grids: 188 / 178 MiB for dq / dk-dv at d128,
+# against 318 / 308 MiB for the 256 x 256 tiles before) and has a quarter of the grid steps.
+# That is a cost model (compiler: legality; roofline from published chip figures), not a
+# timing on a TPU: with no per-step overhead 128- or 256-wide tiles would be 6-8% cheaper
+# on v5e / v5p (less work wasted on the causal diagonal). See docs/kernels_speed.md.
+_TPU_BWD = dict(block_q_dq=512, block_kv_dq=512, block_q_dkv=512, block_kv_dkv=512)
 _TPU = {
-    d: dict(block_q=512 if d <= 128 else 256, block_kv=512 if d <= 128 else 256,
-            block_q_dq=256, block_kv_dq=256, block_q_dkv=256, block_kv_dkv=256,
+    d: dict(block_q=512 if d <= 128 else 256, block_kv=512 if d <= 128 else 256, **_TPU_BWD,
             num_warps=0, num_stages=0, num_warps_bwd=0, num_stages_bwd=0)
     for d in (64, 128, 256)
 }

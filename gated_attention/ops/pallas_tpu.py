@@ -6,7 +6,14 @@ running max/denominator/accumulator in VMEM scratch; `pl.when` skips tiles outsi
 [lo, hi) range of kv blocks that hold a visible key (causal diagonal, segment ranges), and the
 k/v index maps clamp to that range so skipped tiles are not even copied in. Backward: a dq
 kernel over (q block, kv block) and a dk/dv kernel whose innermost axis walks every query
-head of the kv head's GQA group and every q block, so k/v are never repeated.
+head of the kv head's GQA group and every q block, so k/v are never repeated. The dk/dv
+kernel works on transposed tiles (keys on rows, queries on lanes), so per-query statistics
+broadcast as rows and every matmul is a plain or right-transposed product.
+
+Per-row vectors (lse, delta, segment ids, headwise gate) live in HBM lane-dense, one row per
+tile ([..., S // block, 1, block], see `_rows`): a [..., S, 1] column would be padded to 128
+lanes in TPU memory and copied 128x over. Kernels that need a column reshape the row
+in-kernel, once per tile.
 
 On a CPU backend the kernels run in the TPU interpret mode automatically.
 """
@@ -30,10 +37,12 @@ MIN_BLOCK = 8  # sublane tile; real TPUs want multiples of 128 (see ops/block_si
 _0 = np.int32(0)
 
 
-def _mask(p: fc.Problem, i, j, bq: int, bkv: int, q_seg, k_seg):
-    """[bq, bkv] visibility of tile (i, j); q_seg is [bq, 1] and k_seg [1, bkv]."""
-    q_pos = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bkv), 0)
-    k_pos = j * bkv + jax.lax.broadcasted_iota(jnp.int32, (bq, bkv), 1)
+def _mask(p: fc.Problem, i, j, bq: int, bkv: int, q_seg, k_seg, transposed: bool = False):
+    """Visibility of tile (i, j): [bq, bkv] with q_seg [bq, 1] and k_seg [1, bkv], or, when
+    transposed, [bkv, bq] with q_seg [1, bq] and k_seg [bkv, 1]."""
+    shape, q_axis = ((bkv, bq), 1) if transposed else ((bq, bkv), 0)
+    q_pos = i * bq + jax.lax.broadcasted_iota(jnp.int32, shape, q_axis)
+    k_pos = j * bkv + jax.lax.broadcasted_iota(jnp.int32, shape, 1 - q_axis)
     mask = k_pos < p.seq
     if p.causal:
         mask = mask & (q_pos >= k_pos)
@@ -73,21 +82,25 @@ def _clamp(j, lo, hi):
     return jnp.minimum(jnp.maximum(j, lo), jnp.maximum(hi - 1, lo))
 
 
-def _tile_mask(p: fc.Problem, i, j, bq: int, bkv: int, qseg_ref, kseg_ref):
-    q_seg = None if qseg_ref is None else qseg_ref[...]
-    k_seg = None if kseg_ref is None else kseg_ref[...]
-    return _mask(p, i, j, bq, bkv, q_seg, k_seg)
+def _column(row: jax.Array) -> jax.Array:
+    """A lane-dense [1, n] row as the [n, 1] column a q-major tile broadcasts against.
+
+    Through float32 (ints stay int32): Mosaic reshapes 32-bit rows into columns on every
+    generation, 16-bit ones not at every length.
+    """
+    if row.dtype.itemsize < 4:
+        row = row.astype(jnp.float32)
+    return row.reshape(row.shape[-1], 1)
 
 
-def _recompute_tile(p: fc.Problem, i, j, bq: int, bkv: int, masked: bool, q_ref, k_ref,
-                    v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_ref):
-    """q, k, do of one tile, its weights recomputed from lse, and the logits' gradient."""
-    q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-    x = _nt(q, k) * p.scale2
-    mask = _tile_mask(p, i, j, bq, bkv, qseg_ref, kseg_ref) if masked else None
-    w, dx = fc.weights_and_dlogits(x, mask, lse_ref[...], _nt(do, v), delta_ref[...],
-                                   p.normalizer)
-    return q, k, do, w, dx
+def _weights_and_dlogits(p: fc.Problem, q, k, v, do, mask, lse, delta, transposed: bool):
+    """A tile's weights recomputed from lse, and the logits' gradient: [bq, bkv] with lse and
+    delta as [bq, 1] columns, or [bkv, bq] (keys on rows) with them as [1, bq] rows."""
+    if transposed:
+        x, dw = _nt(k, q), _nt(v, do)
+    else:
+        x, dw = _nt(q, k), _nt(do, v)
+    return fc.weights_and_dlogits(x * p.scale2, mask, lse, dw, delta, p.normalizer)
 
 
 def _when_kv_visible(p: fc.Problem, step, i, j, lo, hi, bq: int, bkv: int) -> None:
@@ -103,12 +116,12 @@ def _when_kv_visible(p: fc.Problem, step, i, j, lo, hi, bq: int, bkv: int) -> No
 
 def _fwd_kernel(lo_ref, hi_ref, *refs, p: fc.Problem, bq: int, bkv: int, nq: int, nkv: int,
                 residuals: bool):
-    refs = list(refs)
-    q_ref, k_ref, v_ref = refs[:3]
-    rest = refs[3:]
+    rest = list(refs)
+    q_ref, k_ref, v_ref = rest.pop(0), rest.pop(0), rest.pop(0)
     qseg_ref, kseg_ref = (rest.pop(0), rest.pop(0)) if p.has_segments else (None, None)
     gate_ref = rest.pop(0) if p.gate_kind else None
     sink_ref = rest.pop(0) if p.normalizer == "learned_sink" else None
+    qseg_col = rest.pop() if p.has_segments else None
     m_ref, l_ref, acc_ref = rest[-3:]
     outs = rest[:-3]
     b, h, i, j = (pl.program_id(a) for a in range(4))
@@ -120,11 +133,17 @@ def _fwd_kernel(lo_ref, hi_ref, *refs, p: fc.Problem, bq: int, bkv: int, nq: int
         m_ref[...] = fc.initial_max(p.normalizer, bq, sink)
         l_ref[...] = jnp.zeros_like(l_ref)
         acc_ref[...] = jnp.zeros_like(acc_ref)
+        if qseg_col is not None:
+            qseg_col[...] = _column(qseg_ref[...])
 
     def step(masked: bool):
         q, k, v = q_ref[...], k_ref[...], v_ref[...]
         x = _nt(q, k) * p.scale2
-        mask = _tile_mask(p, i, j, bq, bkv, qseg_ref, kseg_ref) if masked else None
+        mask = None
+        if masked:
+            q_seg = None if qseg_col is None else qseg_col[...]
+            k_seg = None if kseg_ref is None else kseg_ref[...]
+            mask = _mask(p, i, j, bq, bkv, q_seg, k_seg)
         m, corr, weights, mass = fc.online_block(x, mask, m_ref[...], p.normalizer)
         m_ref[...] = m
         l_ref[...] = l_ref[...] * corr + mass
@@ -136,11 +155,13 @@ def _fwd_kernel(lo_ref, hi_ref, *refs, p: fc.Problem, bq: int, bkv: int, nq: int
     def _write():
         o, lse = fc.finalize(acc_ref[...], m_ref[...], l_ref[...], p.normalizer, sink)
         out = o
-        if gate_ref is not None:
-            out = o * fc.gate_scores(gate_ref[...], p.gate_activation)  # [bq, d] or [bq, 1]
+        if p.gate_kind == "elementwise":
+            out = o * fc.gate_scores(gate_ref[...], p.gate_activation)
+        elif p.gate_kind == "headwise":  # one score per row: a [bq, 1] column
+            out = o * fc.gate_scores(_column(gate_ref[...]), p.gate_activation)
         outs[0][...] = out.astype(outs[0].dtype)
         if residuals:
-            outs[1][...] = lse
+            outs[1][...] = lse.reshape(1, bq)
             if len(outs) > 2:
                 outs[2][...] = o.astype(outs[2].dtype)
 
@@ -149,17 +170,28 @@ def _dq_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, 
                p: fc.Problem, bq: int, bkv: int, nq: int, nkv: int):
     rest = list(rest)
     qseg_ref, kseg_ref = (rest.pop(0), rest.pop(0)) if p.has_segments else (None, None)
-    dq_ref, acc_ref = rest
+    qseg_col = rest.pop() if p.has_segments else None
+    dq_ref, acc_ref, lse_col, delta_col = rest
     b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     lo, hi = lo_ref[b * nq + i], hi_ref[b * nq + i]
 
     @pl.when(j == 0)
-    def _init():
+    def _init():  # the q block's row statistics as columns, once for all its kv steps
         acc_ref[...] = jnp.zeros_like(acc_ref)
+        lse_col[...] = _column(lse_ref[...])
+        delta_col[...] = _column(delta_ref[...])
+        if qseg_col is not None:
+            qseg_col[...] = _column(qseg_ref[...])
 
     def step(masked: bool):
-        _, k, _, _, dx = _recompute_tile(p, i, j, bq, bkv, masked, q_ref, k_ref, v_ref, do_ref,
-                                         lse_ref, delta_ref, qseg_ref, kseg_ref)
+        k = k_ref[...]
+        mask = None
+        if masked:
+            q_seg = None if qseg_col is None else qseg_col[...]
+            k_seg = None if kseg_ref is None else kseg_ref[...]
+            mask = _mask(p, i, j, bq, bkv, q_seg, k_seg)
+        _, dx = _weights_and_dlogits(p, q_ref[...], k, v_ref[...], do_ref[...], mask,
+                                     lse_col[...], delta_col[...], transposed=False)
         acc_ref[...] += _nn(dx.astype(k.dtype), k)
 
     _when_kv_visible(p, step, i, j, lo, hi, bq, bkv)
@@ -171,8 +203,10 @@ def _dq_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, 
 
 def _dkv_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest,
                 p: fc.Problem, bq: int, bkv: int, nq: int, nkv: int):
+    """Transposed tiles [bkv, bq]: lse, delta and the q segment ids broadcast as rows."""
     rest = list(rest)
     qseg_ref, kseg_ref = (rest.pop(0), rest.pop(0)) if p.has_segments else (None, None)
+    kseg_col = rest.pop() if p.has_segments else None
     dk_ref, dv_ref, dk_acc, dv_acc = rest
     b, j, r = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     i = _rem(r, nq)
@@ -182,12 +216,20 @@ def _dkv_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
     def _init():
         dk_acc[...] = jnp.zeros_like(dk_acc)
         dv_acc[...] = jnp.zeros_like(dv_acc)
+        if kseg_col is not None:
+            kseg_col[...] = _column(kseg_ref[...])
 
     def step(masked: bool):
-        q, _, do, w, dx = _recompute_tile(p, i, j, bq, bkv, masked, q_ref, k_ref, v_ref, do_ref,
-                                          lse_ref, delta_ref, qseg_ref, kseg_ref)
-        dv_acc[...] += _tn(w.astype(do.dtype), do)
-        dk_acc[...] += _tn(dx.astype(q.dtype), q)
+        q, do = q_ref[...], do_ref[...]
+        mask = None
+        if masked:
+            q_seg = None if qseg_ref is None else qseg_ref[...]
+            k_seg = None if kseg_col is None else kseg_col[...]
+            mask = _mask(p, i, j, bq, bkv, q_seg, k_seg, transposed=True)
+        w, dx = _weights_and_dlogits(p, q, k_ref[...], v_ref[...], do, mask, lse_ref[...],
+                                     delta_ref[...], transposed=True)
+        dv_acc[...] += _nn(w.astype(do.dtype), do)
+        dk_acc[...] += _nn(dx.astype(q.dtype), q)
 
     visible = (i >= lo) & (i < hi)
     if p.has_segments:
@@ -215,17 +257,27 @@ def _seq_major(p: fc.Problem, x):
     return jnp.swapaxes(x[:, :, :p.seq, :p.head_dim], 1, 2)
 
 
-def _segments(p: fc.Problem, seg, bkv: int):
-    """(padded ids [b, S], q layout [b, S, 1], kv layout [b, S // bkv, 1, bkv]) or Nones.
+def _rows(x: jax.Array, block: int) -> jax.Array:
+    """[..., S] -> [..., S // block, 1, block]: one lane-dense row per tile.
 
-    Mosaic wants a block's last two dims to be multiples of (8, 128) or the whole array's:
-    the kv ids are cut into one row per kv block so a (1, bkv) block is always the whole of
-    its last two dims, whatever bkv is (a [b, 1, S] layout fails for bkv < 128).
+    A (1, block) block is then the whole of its array's last two dims, which Mosaic accepts
+    for any block size (a (1, block) slice of a [..., 1, S] row needs block % 128 == 0).
     """
+    return x.reshape(*x.shape[:-1], x.shape[-1] // block, 1, block)
+
+
+def _stats(p: fc.Problem, x: jax.Array, block: int, pad_value=0.0) -> jax.Array:
+    """A per-row statistic [b, h, s] as the kernels read it: padded to S, float32 rows."""
+    return _rows(fc.pad_axis(x.astype(jnp.float32), 2, p.padded, pad_value), block)
+
+
+def _segments(p: fc.Problem, seg, bq: int, bkv: int):
+    """(padded ids [b, S], q rows [b, S // bq, 1, bq], kv rows [b, S // bkv, 1, bkv]) or
+    Nones."""
     if seg is None:
         return None, None, None
     segp = fc.pad_axis(seg.astype(jnp.int32), 1, p.padded, -1)
-    return segp, segp[:, :, None], segp.reshape(p.batch, p.padded // bkv, 1, bkv)
+    return segp, _rows(segp, bq), _rows(segp, bkv)
 
 
 def _call(kernel, static: fc.Static, grid, in_specs, out_specs, out_shape, scratch, name):
@@ -244,21 +296,23 @@ def _call(kernel, static: fc.Static, grid, in_specs, out_specs, out_shape, scrat
 
 def _q_major_specs(p: fc.Problem, bq: int, bkv: int, nq: int):
     """BlockSpecs of a grid (b, h, q block, kv block), as the forward and dq kernels use it:
-    q rows, per-row statistics, kv blocks (clamped into the visible range, so skipped steps
-    copy nothing new) and, with segment ids, the q and kv blocks' ids."""
+    q rows, per-row statistics (one lane-dense row per q block), kv blocks (clamped into the
+    visible range, so skipped steps copy nothing new) and, with segment ids, the q and kv
+    blocks' ids (rows)."""
     g, D = p.group, p.padded_dim
 
     def kv_block(b_, h_, i, j, lo_, hi_):
         return (b_, _div(h_, g), _clamp(j, lo_[b_ * nq + i], hi_[b_ * nq + i]), _0)
 
     row = pl.BlockSpec((None, None, bq, D), lambda b_, h_, i, j, *_: (b_, h_, i, _0))
-    col = pl.BlockSpec((None, None, bq, 1), lambda b_, h_, i, j, *_: (b_, h_, i, _0))
+    stat = pl.BlockSpec((None, None, None, 1, bq),
+                        lambda b_, h_, i, j, *_: (b_, h_, i, _0, _0))
     kv = pl.BlockSpec((None, None, bkv, D), kv_block)
     seg = []
     if p.has_segments:
-        seg = [pl.BlockSpec((None, bq, 1), lambda b_, h_, i, j, *_: (b_, i, _0)),
+        seg = [pl.BlockSpec((None, None, 1, bq), lambda b_, h_, i, j, *_: (b_, i, _0, _0)),
                pl.BlockSpec((None, None, 1, bkv), lambda *a: (a[0], kv_block(*a)[2], _0, _0))]
-    return row, col, kv, seg
+    return row, stat, kv, seg
 
 
 def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
@@ -266,9 +320,9 @@ def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
     bq, bkv = static.size("block_q"), static.size("block_kv")
     b, h, S, D = p.batch, p.heads, p.padded, p.padded_dim
     nq, nkv = S // bq, S // bkv
-    segp, qseg, kseg = _segments(p, seg, bkv)
+    segp, qseg, kseg = _segments(p, seg, bq, bkv)
     lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
-    row, col, kv, seg_specs = _q_major_specs(p, bq, bkv, nq)
+    row, stat, kv, seg_specs = _q_major_specs(p, bq, bkv, nq)
     in_specs = [row, kv, kv, *seg_specs]
     args = [_head_major(p, q), _head_major(p, k), _head_major(p, v)]
     if segp is not None:
@@ -277,8 +331,8 @@ def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
         in_specs.append(row)
         args.append(_head_major(p, gate))
     elif p.gate_kind == "headwise":
-        in_specs.append(col)
-        args.append(fc.pad_axis(jnp.swapaxes(gate, 1, 2), 2, S)[..., None])
+        in_specs.append(stat)
+        args.append(_rows(fc.pad_axis(jnp.swapaxes(gate, 1, 2), 2, S), bq))
     if p.normalizer == "learned_sink":
         in_specs.append(pl.BlockSpec((h,), lambda *_: (_0,), memory_space=pltpu.SMEM))
         args.append(sink.astype(jnp.float32))
@@ -286,13 +340,15 @@ def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
     out_shape = [jax.ShapeDtypeStruct((b, h, S, D), q.dtype)]
     out_specs = [row]
     if residuals:
-        out_shape.append(jax.ShapeDtypeStruct((b, h, S, 1), jnp.float32))
-        out_specs.append(col)
+        out_shape.append(jax.ShapeDtypeStruct((b, h, nq, 1, bq), jnp.float32))
+        out_specs.append(stat)
         if fc.stores_ungated(p):
             out_shape.append(jax.ShapeDtypeStruct((b, h, S, D), q.dtype))
             out_specs.append(row)
     scratch = [pltpu.VMEM((bq, 1), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
                pltpu.VMEM((bq, D), jnp.float32)]
+    if segp is not None:
+        scratch.append(pltpu.VMEM((bq, 1), jnp.int32))
     kernel = functools.partial(_fwd_kernel, p=p, bq=bq, bkv=bkv, nq=nq, nkv=nkv,
                                residuals=residuals)
     outs = _call(kernel, static, (b, h, nq, nkv), in_specs, out_specs, out_shape, scratch,
@@ -300,7 +356,7 @@ def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
     out = _seq_major(p, outs[0])
     if not residuals:
         return out, None, None
-    lse = outs[1][:, :, :p.seq, 0]
+    lse = outs[1].reshape(b, h, S)[:, :, :p.seq]
     o = _seq_major(p, outs[2]) if fc.stores_ungated(p) else out
     return out, lse, o
 
@@ -310,26 +366,28 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
     p = static.problem
     b, h, n, S, D, g = p.batch, p.heads, p.kv_heads, p.padded, p.padded_dim, p.group
     qh, kh, vh, doh = (_head_major(p, x) for x in (q, k, v, do))
-    lseh = fc.pad_axis(lse, 2, S, fc.EMPTY_ROW_LSE)[..., None]
-    deltah = fc.pad_axis(delta, 2, S)[..., None]
 
     # dq: grid (b, h, q block, kv block)
     bq, bkv = static.size("block_q_dq"), static.size("block_kv_dq")
     nq, nkv = S // bq, S // bkv
-    segp, qseg, kseg = _segments(p, seg, bkv)
+    segp, qseg, kseg = _segments(p, seg, bq, bkv)
     lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
-    row, col, kv, seg_specs = _q_major_specs(p, bq, bkv, nq)
+    row, stat, kv, seg_specs = _q_major_specs(p, bq, bkv, nq)
     seg_args = [] if segp is None else [qseg, kseg]
+    scratch = [pltpu.VMEM((bq, D), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
+               pltpu.VMEM((bq, 1), jnp.float32)]
+    if segp is not None:
+        scratch.append(pltpu.VMEM((bq, 1), jnp.int32))
     kernel = functools.partial(_dq_kernel, p=p, bq=bq, bkv=bkv, nq=nq, nkv=nkv)
-    dq = _call(kernel, static, (b, h, nq, nkv), [row, kv, kv, row, col, col, *seg_specs], row,
-               jax.ShapeDtypeStruct((b, h, S, D), q.dtype), [pltpu.VMEM((bq, D), jnp.float32)],
-               "gated_flash_dq")(lo.reshape(-1), hi.reshape(-1), qh, kh, vh, doh, lseh, deltah,
-                                 *seg_args)
+    dq = _call(kernel, static, (b, h, nq, nkv), [row, kv, kv, row, stat, stat, *seg_specs], row,
+               jax.ShapeDtypeStruct((b, h, S, D), q.dtype), scratch, "gated_flash_dq")(
+                   lo.reshape(-1), hi.reshape(-1), qh, kh, vh, doh,
+                   _stats(p, lse, bq, fc.EMPTY_ROW_LSE), _stats(p, delta, bq), *seg_args)
 
-    # dk, dv: grid (b, kv head, kv block, group member x q block)
+    # dk, dv: grid (b, kv head, kv block, group member x q block), tiles transposed
     bq, bkv = static.size("block_q_dkv"), static.size("block_kv_dkv")
     nq, nkv = S // bq, S // bkv
-    segp, qseg, kseg = _segments(p, seg, bkv)
+    segp, qseg, kseg = _segments(p, seg, bq, bkv)
     seg_args = [] if segp is None else [qseg, kseg]
     _, _, qlo, qhi = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
 
@@ -338,20 +396,23 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
         return (b_, n_ * g + _div(r, nq), i, _0)
 
     qrow = pl.BlockSpec((None, None, bq, D), q_block)
-    qcol = pl.BlockSpec((None, None, bq, 1), q_block)
+    qstat = pl.BlockSpec((None, None, None, 1, bq), lambda *a: (*q_block(*a), _0))
     kvrow = pl.BlockSpec((None, None, bkv, D), lambda b_, n_, j, r, *_: (b_, n_, j, _0))
-    seg_specs = []
+    seg_specs, scratch = [], [pltpu.VMEM((bkv, D), jnp.float32),
+                              pltpu.VMEM((bkv, D), jnp.float32)]
     if segp is not None:
-        seg_specs = [pl.BlockSpec((None, bq, 1), lambda *a: (a[0], q_block(*a)[2], _0)),
+        seg_specs = [pl.BlockSpec((None, None, 1, bq),
+                                  lambda *a: (a[0], q_block(*a)[2], _0, _0)),
                      pl.BlockSpec((None, None, 1, bkv), lambda b_, n_, j, r, *_: (b_, j, _0, _0))]
+        scratch.append(pltpu.VMEM((bkv, 1), jnp.int32))
     kernel = functools.partial(_dkv_kernel, p=p, bq=bq, bkv=bkv, nq=nq, nkv=nkv)
     dk, dv = _call(
         kernel, static, (b, n, nkv, g * nq),
-        [qrow, kvrow, kvrow, qrow, qcol, qcol, *seg_specs], [kvrow, kvrow],
+        [qrow, kvrow, kvrow, qrow, qstat, qstat, *seg_specs], [kvrow, kvrow],
         [jax.ShapeDtypeStruct(kh.shape, k.dtype), jax.ShapeDtypeStruct(vh.shape, v.dtype)],
-        [pltpu.VMEM((bkv, D), jnp.float32), pltpu.VMEM((bkv, D), jnp.float32)],
-        "gated_flash_dkv",
-    )(qlo.reshape(-1), qhi.reshape(-1), qh, kh, vh, doh, lseh, deltah, *seg_args)
+        scratch, "gated_flash_dkv",
+    )(qlo.reshape(-1), qhi.reshape(-1), qh, kh, vh, doh, _stats(p, lse, bq, fc.EMPTY_ROW_LSE),
+      _stats(p, delta, bq), *seg_args)
     return _seq_major(p, dq), _seq_major(p, dk), _seq_major(p, dv)
 
 
