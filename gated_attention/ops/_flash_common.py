@@ -19,12 +19,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gated_attention.ops.gating import apply_output_gate
+from gated_attention.ops.gating import GATE_ACTIVATIONS, apply_output_gate
 from gated_attention.ops.reference import NORMALIZERS, SOFTPICK_EPS
 
 # Finite stand-ins for -inf/+inf: exp() of anything minus them underflows cleanly to 0 and
@@ -174,9 +176,9 @@ def check_kernel_args(name: str, q: jax.Array, k: jax.Array, normalizer: str,
     if normalizer not in NORMALIZERS:
         raise ValueError(f"normalizer={normalizer!r} is not allowed; choose one of "
                          f"{', '.join(NORMALIZERS)}")
-    if gate_activation not in ("sigmoid", "silu", "identity", "ns_sigmoid"):
+    if gate_activation not in GATE_ACTIVATIONS:
         raise ValueError(f"gate_activation={gate_activation!r} is not allowed; choose one of "
-                         "sigmoid, silu, identity, ns_sigmoid")
+                         f"{', '.join(GATE_ACTIVATIONS)}")
     for dt, what in ((q.dtype, "q"), (k.dtype, "k")):
         if dt not in (jnp.float32, jnp.bfloat16, jnp.float16, jnp.float64):
             raise ValueError(f"{what}.dtype={dt} is not supported by impl={name!r}; use "
@@ -387,6 +389,41 @@ def make_flash_attention(forward, backward):
 
     flash.defvjp(flash_fwd, flash_bwd)
     return flash
+
+
+def make_kernel_attention(name: str, min_block: int, padded_dim: Callable[[int], int],
+                          forward: Callable[..., Any], backward: Callable[..., Any],
+                          platform: str) -> tuple[Callable[..., jax.Array], Any, Callable]:
+    """A kernel module's public `attention`, its custom-VJP core and its Static builder.
+
+    Both flash kernels serve the one `ops.attention` interface; only their forward and
+    backward launchers, their smallest tile and their head-dim padding differ.
+    padded_dim(head_dim) -> the head dimension the kernel computes with.
+    """
+    flash = make_flash_attention(forward, backward)
+
+    def static_of(q, k, gate, gate_activation, segment_ids, causal, normalizer, interpret,
+                  block_sizes) -> Static:
+        return build_static(name, min_block, padded_dim(q.shape[-1]), q, k, gate,
+                            gate_activation, segment_ids, causal, normalizer, interpret,
+                            block_sizes)
+
+    def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, gate: jax.Array | None = None,
+                  gate_activation: str = "sigmoid", segment_ids: jax.Array | None = None,
+                  causal: bool = True, normalizer: str = "softmax",
+                  sink_logits: jax.Array | None = None, interpret: bool | None = False,
+                  block_sizes: dict[str, int] | None = None) -> jax.Array:
+        check_kernel_args(name, q, k, normalizer, gate_activation)
+        static = static_of(q, k, gate, gate_activation, segment_ids, causal, normalizer,
+                           interpret, block_sizes)
+        return flash(static, q, k, v, segment_ids, gate, sink_logits)
+
+    attention.__doc__ = (
+        f"Gated flash attention on {platform}; the arguments mean what they mean in "
+        "`ops.attention`.\n\n    interpret: run the kernels in Pallas interpret mode "
+        "(automatic when compiling for a CPU).\n    block_sizes: overrides of the tuned table "
+        "in ops/block_sizes.py.\n    ")
+    return attention, flash, static_of
 
 
 def resolve_interpret(interpret: bool | None) -> bool:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 
-ALL_NORMALIZERS = frozenset({"softmax", "softmax_off_by_one", "learned_sink", "softpick"})
+from gated_attention.ops.reference import NORMALIZERS
+
+ALL_NORMALIZERS = frozenset(NORMALIZERS)
 HALF = frozenset({"bfloat16", "float16"})
 ANY_DTYPE = frozenset({"float32", "bfloat16", "float16", "float64"})
 

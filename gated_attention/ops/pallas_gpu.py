@@ -325,36 +325,6 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
     return unpad(dq), unpad(dk), unpad(dv)
 
 
-_flash = fc.make_flash_attention(_forward, _backward)
-
-
-def attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    *,
-    gate: jax.Array | None = None,
-    gate_activation: str = "sigmoid",
-    segment_ids: jax.Array | None = None,
-    causal: bool = True,
-    normalizer: str = "softmax",
-    sink_logits: jax.Array | None = None,
-    interpret: bool | None = False,
-    block_sizes: dict[str, int] | None = None,
-) -> jax.Array:
-    """Gated flash attention on GPU; the arguments mean what they mean in `ops.attention`.
-
-    interpret: run the kernels in Pallas interpret mode (automatic on a CPU backend).
-    block_sizes: overrides of the tuned table in ops/block_sizes.py.
-    """
-    fc.check_kernel_args(NAME, q, k, normalizer, gate_activation)
-    static = _static(q, k, gate, gate_activation, segment_ids, causal, normalizer, interpret,
-                     block_sizes)
-    return _flash(static, q, k, v, segment_ids, gate, sink_logits)
-
-
-def _static(q, k, gate, gate_activation, segment_ids, causal, normalizer, interpret,
-            block_sizes) -> fc.Static:
-    padded_dim = max(MIN_BLOCK, fc.next_pow2(q.shape[-1]))
-    return fc.build_static(NAME, MIN_BLOCK, padded_dim, q, k, gate, gate_activation,
-                           segment_ids, causal, normalizer, interpret, block_sizes)
+# The one `ops.attention` interface over this module's launchers (see _flash_common).
+attention, _flash, _static = fc.make_kernel_attention(
+    NAME, MIN_BLOCK, lambda d: max(MIN_BLOCK, fc.next_pow2(d)), _forward, _backward, platform="GPU")

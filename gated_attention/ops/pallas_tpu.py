@@ -416,35 +416,6 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
     return _seq_major(p, dq), _seq_major(p, dk), _seq_major(p, dv)
 
 
-_flash = fc.make_flash_attention(_forward, _backward)
-
-
-def attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    *,
-    gate: jax.Array | None = None,
-    gate_activation: str = "sigmoid",
-    segment_ids: jax.Array | None = None,
-    causal: bool = True,
-    normalizer: str = "softmax",
-    sink_logits: jax.Array | None = None,
-    interpret: bool | None = False,
-    block_sizes: dict[str, int] | None = None,
-) -> jax.Array:
-    """Gated flash attention on TPU; the arguments mean what they mean in `ops.attention`.
-
-    interpret: run in the Pallas TPU interpret mode (automatic on a CPU backend).
-    block_sizes: overrides of the tuned table in ops/block_sizes.py.
-    """
-    fc.check_kernel_args(NAME, q, k, normalizer, gate_activation)
-    static = _static(q, k, gate, gate_activation, segment_ids, causal, normalizer, interpret,
-                     block_sizes)
-    return _flash(static, q, k, v, segment_ids, gate, sink_logits)
-
-
-def _static(q, k, gate, gate_activation, segment_ids, causal, normalizer, interpret,
-            block_sizes) -> fc.Static:
-    return fc.build_static(NAME, MIN_BLOCK, q.shape[-1], q, k, gate, gate_activation,
-                           segment_ids, causal, normalizer, interpret, block_sizes)
+# The one `ops.attention` interface over this module's launchers (see _flash_common).
+attention, _flash, _static = fc.make_kernel_attention(
+    NAME, MIN_BLOCK, lambda d: d, _forward, _backward, platform="TPU")

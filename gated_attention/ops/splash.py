@@ -24,10 +24,13 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
 from gated_attention.ops import _flash_common as fc
+from gated_attention.ops import choices, reference
 from gated_attention.ops.gating import apply_output_gate
 
 NAME = "splash"
-NORMALIZERS = ("softmax", "softmax_off_by_one", "learned_sink")
+# What splash serves is declared once, in choices.CAPABILITIES (in the reference's order).
+NORMALIZERS = tuple(n for n in reference.NORMALIZERS
+                    if n in choices.CAPABILITIES[NAME].normalizers)
 LANES = 128
 PADDING_SEGMENT = -1
 
