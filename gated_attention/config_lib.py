@@ -19,6 +19,7 @@ import ml_collections
 
 from gated_attention.accounting import count_params
 from gated_attention.analysis import stability
+from gated_attention.data.streams import PACKINGS
 from gated_attention.layers.moe_ops import MOE_IMPLS
 from gated_attention.layers.rope import NO_SCALING, RopeScaling
 from gated_attention.model import REMAT_CHOICES
@@ -219,7 +220,6 @@ DATA_SOURCES = ("cpython_docs", "python_source", "files", "seqio", "tfds", "arra
 TOKENIZERS = ("sentencepiece", "byte", "hf")
 SENTENCEPIECE_MODELS = ("unigram", "bpe")
 ON_NONFINITE = ("stop", "skip")
-PACKINGS = ("segments", "concat")  # see gated_attention/data/streams.py
 
 
 def data_section(arch: str) -> ml_collections.ConfigDict:
