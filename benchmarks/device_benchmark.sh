@@ -8,7 +8,7 @@
 #                                                  # (default: these five, in this order)
 #   train_pallas (only when named): the G1 step with attention_impl=pallas_gpu (fused gate)
 # Environment:
-#   OUT       results folder (default runs/device_benchmark); the device tool sets it
+#   OUT       results folder (default runs/device_benchmark)
 #   BUDGET_S  wall-clock seconds for the whole script (default 540); each step gets the smaller
 #             of its own cap and what is left, and a step with under 15 s left is skipped.
 #             The caps add up to the default budget: env 40, table 180, train 3 x 70,
@@ -18,7 +18,7 @@
 #   INSTALL_WHEELS=auto|0  auto (default): install .whl/*.whl into .site when there are any
 #   PYTHON    the interpreter (default python3)
 #
-# Steps and what they write under $OUT (at most 8 files come back from the device tool):
+# Steps and what they write under $OUT:
 #   env    nvidia-smi, python, jax and its devices                     -> env.txt
 #   table  attention.py: every path at B4 S4096 H16 (and KV4) and B1 S16384 -> table.txt
 #   train  train_step.py, 1.7B-28L at 4x4096 bf16: baseline, G1 elementwise, G1 headwise
@@ -28,7 +28,7 @@
 #          harness; prints the winner to paste into ops/block_sizes.py  -> sweep.txt, sweep.json
 #   every step's exit status and seconds (124: timed out)              -> summary.txt
 # A failing or timed-out step does not stop the next; the script exits 1 if any failed. The
-# end of the output repeats the results (the device tool returns only its last 12,000
+# end of the output repeats the results (for remote consoles that keep only the last 12,000
 # characters).
 set -uo pipefail
 
@@ -57,8 +57,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 START=$SECONDS
 FAILED=0
 
-# The device machine has no registry: wheels carried in .whl/ (../shared/tools/gpu_wheels.sh
-# downloads them) provide ml-collections and grain, which train_step.py needs.
+# A GPU machine without a package index: wheels copied into .whl/ (`pip download -d .whl
+# ml-collections grain` on a machine with one) provide what train_step.py needs.
 shopt -s nullglob
 wheels=(.whl/*.whl)
 shopt -u nullglob

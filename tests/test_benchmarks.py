@@ -1,8 +1,8 @@
-"""benchmarks/: the table, the block-size sweep and the one-call device session, on a CPU.
+"""benchmarks/: the table, the block-size sweep and the GPU benchmark script, on a CPU.
 
 The sweep and the table run through benchmarks/device_benchmark.sh with SMALL=1 (tiny shapes
 and candidates, kernels interpreted) while `attention.py --check --small` runs beside it, so
-the code paths a GPU session will take run here first. Both start once per module, in
+the code paths a GPU run will take run here first. Both start once per module, in
 parallel.
 """
 
@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-SESSION = BENCH / "device_benchmark.sh"
+SCRIPT = BENCH / "device_benchmark.sh"
 sys.path.insert(0, str(BENCH))
 
 import attention  # noqa: E402 - benchmarks/attention.py
@@ -32,22 +32,22 @@ ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHON": sys.exec
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The session's sweep and table steps and the --small check, run side by side."""
-    out = tmp_path_factory.mktemp("session")
-    session = subprocess.Popen(["bash", str(SESSION), "sweep", "table"], cwd=ROOT, text=True,
+    """The script's sweep and table steps and the --small check, run side by side."""
+    out = tmp_path_factory.mktemp("device_benchmark")
+    script = subprocess.Popen(["bash", str(SCRIPT), "sweep", "table"], cwd=ROOT, text=True,
                                env={**ENV, "OUT": str(out), "SMALL": "1"},
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     check = subprocess.Popen([sys.executable, str(BENCH / "attention.py"), "--check", "--small"],
                              cwd=ROOT, text=True, env=ENV, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT)
-    session_out, _ = session.communicate(timeout=300)
+    script_out, _ = script.communicate(timeout=300)
     check_out, _ = check.communicate(timeout=300)
-    return dict(out=out, session=(session.returncode, session_out),
+    return dict(out=out, script=(script.returncode, script_out),
                 check=(check.returncode, check_out))
 
 
 def test_sweep_json_has_every_candidate_a_winner_and_small_errors(runs):
-    rc, text = runs["session"]
+    rc, text = runs["script"]
     assert rc == 0, text
     report = json.loads((runs["out"] / "sweep.json").read_text())
     assert report["small"] and report["table_key"] == "cpu" and "in_progress" not in report
@@ -90,18 +90,18 @@ def test_check_small_values_and_gradients_match_reference(runs):
     assert all(line.endswith("| ok |") for line in rows)
 
 
-def test_session_script_is_shellcheck_clean_and_parses():
+def test_benchmark_script_is_shellcheck_clean_and_parses():
     shellcheck = Path(sys.executable).with_name("shellcheck")
-    result = subprocess.run([str(shellcheck), str(SESSION)], capture_output=True, text=True,
+    result = subprocess.run([str(shellcheck), str(SCRIPT)], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    result = subprocess.run(["bash", "-n", str(SESSION)], capture_output=True, text=True)
+    result = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 
 def test_dry_run_prints_the_gpu_commands_inside_the_budget(tmp_path):
     env = {**ENV, "OUT": str(tmp_path), "DRY_RUN": "1", "PYTHON": "python3"}
-    result = subprocess.run(["bash", str(SESSION)], cwd=ROOT, env=env, capture_output=True,
+    result = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith("=== ")]
@@ -119,7 +119,7 @@ def test_dry_run_prints_the_gpu_commands_inside_the_budget(tmp_path):
     ]
     caps = [int(line.split("(timeout ", 1)[1].split(" s)")[0]) for line in lines]
     assert sum(caps) <= 540, caps  # the default BUDGET_S: no step is starved by design
-    result = subprocess.run(["bash", str(SESSION), "nonsense"], cwd=ROOT, env=env,
+    result = subprocess.run(["bash", str(SCRIPT), "nonsense"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and "unknown step" in result.stderr
 
@@ -135,7 +135,7 @@ def test_check_retries_a_case_that_fails_with_small_tiles(monkeypatch, capsys):
 
 
 def test_table_small_has_every_row_baselines_first(runs):
-    rc, _ = runs["session"]
+    rc, _ = runs["script"]
     text = (runs["out"] / "table.txt").read_text()
     assert rc == 0, text
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ")

@@ -1,5 +1,5 @@
 """End to end: train a tiny grid with the real CLI, analyse it, summarise it, and execute the
-notebooks against it (nbclient, the venv's python kernel). One grid for the whole session."""
+notebooks against it (nbclient, the venv's python kernel). One grid for the whole test run."""
 
 from __future__ import annotations
 
