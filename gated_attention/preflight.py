@@ -10,8 +10,9 @@ attention kernel and its interpret mode are chosen for the TPU, and compiled by 
 XLA TPU compiler (and Mosaic, for Pallas kernels) for a deviceless topology. The compiler's
 own figures are printed per chip: argument, output, temporary and total bytes against the
 chip's HBM, whether it fits, FLOPs next to the model's 6N + attention count, compile time.
-XLA's cost analysis counts a loop body once and a Pallas kernel not at all: with scanned
-layers or gradient accumulation the compiled FLOPs are those of one layer / one micro-batch.
+XLA's cost analysis counts a loop body once, and a Pallas kernel by its cost estimate only:
+with scanned layers or gradient accumulation the compiled FLOPs are those of one layer / one
+micro-batch; this project's kernels carry estimates, jax's splash kernel does not.
 
 The building blocks (tpu_mesh, compile_step) live in gated_attention/target_compile.py.
 """
@@ -140,7 +141,8 @@ def format_report(info: Mapping[str, Any]) -> str:
     notes = []
     if info["scan_layers"] or info["grad_accum"] > 1:
         notes.append("note: XLA counts a loop body once: compiled FLOPs hold one layer (scanned "
-                     "blocks) and one micro-batch (grad_accum), and no Pallas kernel's FLOPs")
+                     "blocks) and one micro-batch (grad_accum); of the attention kernels only "
+                     "pallas_tpu's are counted (splash has no cost estimate)")
     verdict = "fits" if info["fits"] else "does NOT fit"
     return "\n".join(head + body + notes + [f"=> {verdict} on {info['accelerator']}"])
 

@@ -25,6 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import pallas as pl
 
 from gated_attention.ops.gating import GATE_ACTIVATIONS, apply_output_gate
 from gated_attention.ops.reference import NORMALIZERS, SOFTPICK_EPS
@@ -424,6 +425,30 @@ def make_kernel_attention(name: str, min_block: int, padded_dim: Callable[[int],
         "(automatic when compiling for a CPU).\n    block_sizes: overrides of the tuned table "
         "in ops/block_sizes.py.\n    ")
     return attention, flash, static_of
+
+
+# Matmuls each phase runs per visible (query, key) pair: the forward QK^T and PV; the dq pass
+# recomputes QK^T and dO V^T and forms dS K; the dk/dv pass recomputes both and forms P^T dO
+# and dS^T Q. Each matmul is 2 x head_dim FLOPs per pair; each phase takes one exp per pair.
+MATMULS_PER_PHASE = {"gated_flash_fwd": 2, "gated_flash_dq": 3, "gated_flash_dkv": 4}
+
+
+def visible_pairs(p: Problem) -> int:
+    """(query, key) pairs a call attends over: causal rows see themselves and what precedes
+    (segment ids, known only at run time, are not subtracted: an upper bound)."""
+    per_row = p.seq * (p.seq + 1) // 2 if p.causal else p.seq * p.seq
+    return p.batch * p.heads * per_row
+
+
+def cost_estimate(p: Problem, phase: str, args, out_shape) -> pl.CostEstimate:
+    """What one kernel call costs, for XLA: a custom call is otherwise free to its scheduler
+    (it cannot overlap collectives with it) and missing from its cost analysis (pre-flight
+    FLOPs). Bytes: the call's operands and results, each read or written once."""
+    pairs = visible_pairs(p)
+    nbytes = sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
+                 for x in (*jax.tree.leaves(args), *jax.tree.leaves(out_shape)))
+    return pl.CostEstimate(flops=2 * MATMULS_PER_PHASE[phase] * p.head_dim * pairs,
+                           transcendentals=pairs, bytes_accessed=int(nbytes))
 
 
 def resolve_interpret(interpret: bool | None) -> bool:

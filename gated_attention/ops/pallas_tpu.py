@@ -281,17 +281,21 @@ def _segments(p: fc.Problem, seg, bq: int, bkv: int):
 
 
 def _call(kernel, static: fc.Static, grid, in_specs, out_specs, out_shape, scratch, name):
-    return pl.pallas_call(
-        kernel,
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=2, grid=grid, in_specs=in_specs, out_specs=out_specs,
-            scratch_shapes=scratch),
-        out_shape=out_shape,
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=(pltpu.PARALLEL,) * 3 + (pltpu.ARBITRARY,)),
-        interpret=pltpu.InterpretParams() if static.interpret else False,
-        name=name,
-    )
+    def run(*args):
+        return pl.pallas_call(
+            kernel,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=2, grid=grid, in_specs=in_specs, out_specs=out_specs,
+                scratch_shapes=scratch),
+            out_shape=out_shape,
+            compiler_params=pltpu.CompilerParams(
+                dimension_semantics=(pltpu.PARALLEL,) * 3 + (pltpu.ARBITRARY,)),
+            interpret=pltpu.InterpretParams() if static.interpret else False,
+            cost_estimate=fc.cost_estimate(static.problem, name, args, out_shape),
+            name=name,
+        )(*args)
+
+    return run
 
 
 def _q_major_specs(p: fc.Problem, bq: int, bkv: int, nq: int):
