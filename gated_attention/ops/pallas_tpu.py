@@ -291,7 +291,7 @@ def _call(kernel, static: fc.Static, grid, in_specs, out_specs, out_shape, scrat
             compiler_params=pltpu.CompilerParams(
                 dimension_semantics=(pltpu.PARALLEL,) * 3 + (pltpu.ARBITRARY,)),
             interpret=pltpu.InterpretParams() if static.interpret else False,
-            cost_estimate=fc.cost_estimate(static.problem, name, args, out_shape),
+            cost_estimate=fc.cost_estimate(static.problem, name),
             name=name,
         )(*args)
 
