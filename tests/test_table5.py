@@ -79,3 +79,18 @@ def test_every_scale_is_defined():
     for scale in grid_lib.SCALES:
         assert table5.SETTINGS[scale]["short"][0] < table5.SETTINGS[scale]["long"][0]
         assert table5.eval_command(scale).startswith("{python} -m gated_attention.evaluate_length")
+
+
+def test_run_names_fit_a_file_name_and_tell_the_runs_apart():
+    for scale in grid_lib.SCALES:
+        runs = table5.runs(scale, (0, 1))
+        assert len({r.name for r in runs}) == len(runs)
+        # The status file is ".<name>.json.tmp-<8 hex>" while written: 255 bytes at most.
+        assert max(len(f".{r.name}.json.tmp-12345678") for r in runs) <= 255
+        for run in runs:
+            assert "init_from" not in run.name
+    short, continued = table5.runs("tiny", (0,))[:2]
+    assert dict(continued.overrides)["train.init_from"] == "{root}/" + short.name
+    assert continued.name == ("tiny-baseline-num_layers2-d_model64-num_heads2-num_kv_heads1-"
+                              "mlp_dim192-seq_len1024-rope_base1e+06-steps150-batch_size4-"
+                              "warmup_steps15-s0")

@@ -13,6 +13,7 @@ started too early fails and is retried by the next invocation):
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from experiments.grid_lib import Run, scaled_arch
@@ -20,14 +21,22 @@ from experiments.grid_lib import Run, scaled_arch
 VARIANTS = ("baseline", "g1_sdpa_elementwise")
 TABLE = "table5_ruler"
 # Per scale: (short length, steps), (continued length, steps, batch), evaluated lengths,
-# YaRN factor. Paper: pre-training at 4k, continued at 32k with base 1M, YaRN x4 to 128k.
+# YaRN factor, examples per retrieval task and length, and model overrides of both runs.
+# Paper: pre-training at 4k, continued at 32k with base 1M, YaRN x4 to 128k. `tiny` is what
+# ran on a 2-core CPU in ~40 minutes for 2 seeds (docs/long_context.md): the tiny arch cut to
+# 2 layers of width 64.
+TINY_MODEL = (("model.num_layers", 2), ("model.d_model", 64), ("model.num_heads", 2),
+              ("model.num_kv_heads", 1), ("model.mlp_dim", 192))
 SETTINGS = {
-    "tiny": dict(short=(256, 600), long=(1024, 200, 4),
-                 lengths=(128, 256, 512, 1024, 2048, 4096, 8192), yarn_factor=4.0),
+    "tiny": dict(short=(256, 400), long=(1024, 150, 4),
+                 lengths=(128, 256, 512, 1024, 2048, 4096, 8192), yarn_factor=4.0,
+                 examples=4, model=TINY_MODEL),
     "small": dict(short=(1024, 5000), long=(4096, 1000, 8),
-                  lengths=(512, 1024, 2048, 4096, 8192, 16384, 32768), yarn_factor=4.0),
+                  lengths=(512, 1024, 2048, 4096, 8192, 16384, 32768), yarn_factor=4.0,
+                  examples=8, model=()),
     "paper": dict(short=(4096, 100_000), long=(32768, 10_000, 128),
-                  lengths=(4096, 8192, 16384, 32768, 65536, 131072), yarn_factor=4.0),
+                  lengths=(4096, 8192, 16384, 32768, 65536, 131072), yarn_factor=4.0,
+                  examples=8, model=()),
 }
 ROPE_BASE_SHORT, ROPE_BASE_LONG = 10_000.0, 1_000_000.0
 
@@ -35,15 +44,27 @@ ROPE_BASE_SHORT, ROPE_BASE_LONG = 10_000.0, 1_000_000.0
 def short_run(arch: str, variant: str, seed: int, scale: str) -> Run:
     length, steps = SETTINGS[scale]["short"]
     return Run(arch=arch, variant=variant, seed=seed, table=TABLE, label=f"{variant} short",
-               overrides=(("data.seq_len", length), ("model.rope_base", ROPE_BASE_SHORT),
-                          ("train.steps", steps)))
+               overrides=(*SETTINGS[scale]["model"], ("data.seq_len", length),
+                          ("model.rope_base", ROPE_BASE_SHORT), ("train.steps", steps)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ContinuedRun(Run):
+    """A run named without its train.init_from: the source's name, spelled out in it, made
+    names longer than a file name may be; arch, variant, model and seed already identify it."""
+
+    @property
+    def name(self) -> str:
+        kept = tuple((k, v) for k, v in self.overrides if k != "train.init_from")
+        return Run(**{**dataclasses.asdict(self), "overrides": kept}).name
 
 
 def continued_run(arch: str, variant: str, seed: int, scale: str) -> Run:
     length, steps, batch = SETTINGS[scale]["long"]
     source = short_run(arch, variant, seed, scale)
-    return Run(arch=arch, variant=variant, seed=seed, table=TABLE, label=variant,
-               overrides=(("data.seq_len", length), ("model.rope_base", ROPE_BASE_LONG),
+    return ContinuedRun(arch=arch, variant=variant, seed=seed, table=TABLE, label=variant,
+               overrides=(*SETTINGS[scale]["model"], ("data.seq_len", length),
+                          ("model.rope_base", ROPE_BASE_LONG),
                           ("train.steps", steps), ("train.batch_size", batch),
                           ("optimizer.warmup_steps", max(1, steps // 10)),
                           ("train.init_from", "{root}/" + source.name)))
@@ -64,7 +85,8 @@ def eval_command(scale: str) -> str:
     settings = SETTINGS[scale]
     lengths = ",".join(str(x) for x in settings["lengths"])
     return ("{python} -m gated_attention.evaluate_length --workdir={workdir} "
-            f"--lengths={lengths} --scalings=none,yarn --yarn_factor={settings['yarn_factor']}")
+            f"--lengths={lengths} --scalings=none,yarn --yarn_factor={settings['yarn_factor']} "
+            f"--examples={settings['examples']}")
 
 
 if __name__ == "__main__":

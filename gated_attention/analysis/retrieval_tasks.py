@@ -38,7 +38,7 @@ _CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
 class Example:
     task: str
     prompt: str
-    answer_text: str            # what follows the prompt, starting with a space
+    answer_text: str            # what follows the prompt (a space first, but for marked_passkey)
     answers: tuple[str, ...]    # items a correct prediction holds
 
 
@@ -166,6 +166,22 @@ def common_words(rng: np.random.Generator, budget: int, count_tokens: Callable[[
         return Example("common_words", f"Words: {listing}. Which {num_common} words occur most "
                        "often, in alphabetical order? They are:", " " + " ".join(common),
                        tuple(common))
+
+    return _fill(budget, count_tokens, build)
+
+
+def marked_passkey(rng: np.random.Generator, budget: int, count_tokens: Callable[[Example], int],
+                   digits: int = 10, marker: str = "#") -> Example:
+    """A terse pass key for training: `#4821930576.` at a random depth of filler; the prompt
+    ends with ` #` and the answer is the key. The marker is the only token that precedes the
+    key in both places, so a previous-token head plus an induction head retrieve it exactly,
+    and the example fits from ~`digits` + 6 tokens up: short ones teach the copy quickly,
+    long ones teach it at distance (data/passkey.py packs them into training rows)."""
+    key, depth = _number(rng, digits), float(rng.uniform())
+
+    def build(units: int) -> Example:
+        body = _with_inserts(units, [f"{marker}{key}."], [depth])
+        return Example("marked_passkey", f"{body} {marker}", key, (key,))
 
     return _fill(budget, count_tokens, build)
 

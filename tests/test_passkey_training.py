@@ -1,0 +1,109 @@
+"""A tiny model trained on pass keys at 256 tokens retrieves them at 256 tokens, far above
+chance: trained with the project's model and train step, scored on held-out keys through
+evaluate_length's forward pass and retrieval_tasks' exact scorer."""
+
+import re
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from gated_attention import config_lib, evaluate_length, sharding, train
+from gated_attention.analysis import retrieval_tasks as rt
+from gated_attention.data import passkey
+from gated_attention.data.tokenizer import ByteTokenizer
+from gated_attention.model import abstract_model
+
+# 400 steps: ~130 s under this suite's XLA flags (no backend optimisation); 300 are too few.
+LENGTH, STEPS, BATCH, DIGITS, EXAMPLES = 256, 400, 16, 10, 64
+TOKENIZER = ByteTokenizer(260)
+COUNT = rt.token_counter(TOKENIZER, add_bos=False)
+# Keys are uniform over [10^9, 10^10) and independent of everything but the needle, so without
+# retrieval a model gets a key right with probability 1 / (9 * 10^9), and one digit with
+# probability at most 1/9 (the first digit is one of 1..9, every other one of 0..9).
+CHANCE_EXACT, CHANCE_DIGIT = 1 / (9 * 10 ** (DIGITS - 1)), 1 / 9
+
+
+def tiny_config():
+    """2 layers of width 64, 4 heads of 16, bytes; Adam at a constant 1e-2 after warm-up."""
+    config = config_lib.base_config("tiny", "baseline")
+    config.model.update(dict(vocab_size=260, num_layers=2, d_model=64, num_heads=4,
+                             num_kv_heads=4, head_dim=16, mlp_dim=128))
+    config.data.update(dict(tokenizer="byte", seq_len=LENGTH))
+    config.train.update(dict(steps=STEPS, batch_size=BATCH))
+    config.optimizer.update(dict(warmup_steps=15, peak_lr=1e-2, final_lr=1e-2))
+    return config
+
+
+def held_out(length, count=EXAMPLES):
+    rng = np.random.default_rng([7, length])  # training draws from default_rng([0, step])
+    return [rt.marked_passkey(rng, length + 1, COUNT, DIGITS) for _ in range(count)]
+
+
+def scores(forward, params, examples, length):
+    """(mean exact-match score from the project's scorer, share of answer digits right)."""
+    batch = rt.answer_batch(examples, TOKENIZER, length, add_bos=False)
+    _, predicted = forward(params, batch["inputs"], batch["targets"])
+    predicted, at = np.asarray(predicted), batch["answer_mask"] > 0
+    exact = rt.score_predictions(examples, TOKENIZER, predicted, batch["answer_mask"])
+    return float(np.mean(exact)), float(np.mean(predicted[at] == batch["targets"][at]))
+
+
+@pytest.fixture(scope="module")
+def trained():
+    config = tiny_config()
+    mesh = sharding.create_mesh(config.mesh, jax.devices()[:1])
+    graphdef, state, shardings = train.create_train_state(config, mesh)
+    step = train.jit_train_step(train.make_train_step(graphdef, config), mesh, shardings)
+    cfg = evaluate_length.scaled_config(config_lib.model_config(config), "none", LENGTH, 1.0,
+                                        LENGTH)
+    forward = evaluate_length.make_forward(nnx.split(abstract_model(cfg), nnx.Param, ...)[0])
+    before = scores(forward, state["params"], held_out(LENGTH), LENGTH)
+    seen = []
+    for i in range(STEPS):
+        batch = passkey.packed_batch(TOKENIZER, LENGTH, BATCH, i, digits=DIGITS)
+        seen.append(TOKENIZER.decode(batch["targets"][batch["mask"] > 0].tolist()))
+        state, metrics = step(state, batch)
+    return forward, state["params"], before, "".join(seen)
+
+
+def test_passkeys_are_retrieved_at_the_training_length_far_above_chance(trained):
+    forward, params, before, seen = trained
+    examples = held_out(LENGTH)
+    assert not any(e.answers[0] in seen for e in examples)  # held-out keys, never trained on
+    exact, digit = scores(forward, params, examples, LENGTH)
+    print(f"at {LENGTH}: exact {exact:.3f} (chance {CHANCE_EXACT:.1e}), per digit {digit:.3f} "
+          f"(chance <= {CHANCE_DIGIT:.3f}); untrained: {before}")
+    assert before[0] == 0.0 and before[1] < 2 * CHANCE_DIGIT  # untrained: chance level
+    # 640 digits: at chance at most 71 +- 8 right; 0.2 is 128 (measured: 0.33). Whole keys at
+    # 256 are rarely right yet (measured: 0 of 64); see the near-needle test for those.
+    assert digit >= 0.2
+
+
+def test_whole_keys_are_copied_when_the_needle_is_near(trained):
+    forward, params, _, _ = trained
+    exact, digit = scores(forward, params, held_out(64), 64)
+    print(f"at 64: exact {exact:.3f}, per digit {digit:.3f}")
+    # Measured: 0.61 of the digits and 11 of 64 whole keys (chance 1e-10 each).
+    assert digit >= 0.4 and exact >= 3 / EXAMPLES
+
+
+def test_rows_pack_marked_passkeys_with_the_loss_on_the_keys_only():
+    batch = passkey.packed_batch(TOKENIZER, 128, 4, index=3, digits=DIGITS)
+    again = passkey.packed_batch(TOKENIZER, 128, 4, index=3, digits=DIGITS)
+    assert all(np.array_equal(batch[k], again[k]) for k in batch)  # batch i is fixed
+    for row in range(4):
+        segments = batch["segment_ids"][row]
+        for segment in set(segments[segments > 0].tolist()):
+            at = np.flatnonzero(segments == segment)
+            np.testing.assert_array_equal(batch["positions"][row, at], np.arange(len(at)))
+            text = TOKENIZER.decode(batch["inputs"][row, at].tolist())
+            needle = re.match(r".*#(\d{10})\. ", text).group(1)  # the key in the filler
+            in_mask = (batch["mask"][row] > 0) & (segments == segment)
+            answer = TOKENIZER.decode(batch["targets"][row, in_mask].tolist())
+            assert answer == needle  # the prompt ends " #", the key follows (its last token
+            assert (text + needle[-1]).endswith(" #" + needle) or text.endswith(" #" + needle)
+            # is an input only when the segment ends before the row does)
+    with pytest.raises(ValueError, match="min_tokens=10 must be in"):
+        passkey.packed_batch(TOKENIZER, 128, 1, 0, min_tokens=10)
