@@ -216,7 +216,7 @@ def attention_section(variant: str) -> ml_collections.ConfigDict:
 
 
 DATA_SOURCES = ("cpython_docs", "python_source", "files", "seqio", "tfds", "array_record",
-                "bigram_backcopy")
+                "bigram_backcopy", "passkey")
 TOKENIZERS = ("sentencepiece", "byte", "hf")
 SENTENCEPIECE_MODELS = ("unigram", "bpe")
 ON_NONFINITE = ("stop", "skip")
@@ -257,6 +257,11 @@ def data_section(arch: str) -> ml_collections.ConfigDict:
         backcopy_triggers=3,        # how many of the most frequent tokens trigger a copy
         backcopy_alpha=0.1,         # Dirichlet concentration of the chain's rows
         backcopy_seed=0,            # seed of the chain itself
+        # source=passkey (data/passkey.py): rows packed with marked pass keys ("#<key>." in
+        # filler, then " #" and the key), a task on which a tiny model learns retrieval.
+        passkey_digits=10,          # digits of each key
+        passkey_min_tokens=24,      # shortest example (at least what "#<key>. #<key>" takes)
+        passkey_answer_only=True,   # the loss on the answer keys only (else on every token)
     ))
 
 
@@ -545,6 +550,14 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
 
     _check(is_local(data.cache_dir), f"data.cache_dir={data.cache_dir!r} must be a local folder "
            "(each host's own cache); the workdir and data.paths may be in a bucket")
+    if data.source == "passkey":
+        _check(data.tokenizer == "byte" or bool(data.tokenizer_path), "data.source='passkey' "
+               "generates its text: it needs data.tokenizer='byte' or a data.tokenizer_path "
+               "(nothing to train a tokenizer on)")
+        _check(1 <= data.passkey_digits <= 18,
+               f"data.passkey_digits={data.passkey_digits} must be in 1..18")
+        _check(data.passkey_min_tokens >= 1,
+               f"data.passkey_min_tokens={data.passkey_min_tokens} must be >= 1")
     if data.source == "bigram_backcopy":
         _check(1 <= data.backcopy_triggers <= cfg.vocab_size - 3,
                f"data.backcopy_triggers={data.backcopy_triggers} must be in 1..model.vocab_size"

@@ -107,3 +107,40 @@ def test_rows_pack_marked_passkeys_with_the_loss_on_the_keys_only():
             # is an input only when the segment ends before the row does)
     with pytest.raises(ValueError, match="min_tokens=10 must be in"):
         passkey.packed_batch(TOKENIZER, 128, 1, 0, min_tokens=10)
+
+
+def passkey_run_config(**data):
+    config = tiny_config()
+    config.data.update(dict(source="passkey", seq_len=64, **data))
+    config.train.update(dict(steps=3, batch_size=4, eval_every=3, eval_batches=1,
+                             checkpoint_every=3, log_every=1))
+    config.optimizer.warmup_steps = 1
+    return config
+
+
+def test_passkey_source_serves_each_host_its_rows_of_the_global_batch():
+    config = passkey_run_config(passkey_digits=6)
+    both = [passkey.build_inputs(config, process_index=i, process_count=2) for i in range(2)]
+    whole = passkey.packed_batch(TOKENIZER, 64, 4, 0, digits=6)
+    for host, inputs in enumerate(both):
+        batch = next(inputs.train)
+        for key in whole:
+            np.testing.assert_array_equal(batch[key], whole[key][2 * host:2 * host + 2])
+    held_out = both[0].eval_batches[0]
+    trained = TOKENIZER.decode(whole["targets"][whole["mask"] > 0].tolist())
+    keys = TOKENIZER.decode(held_out["targets"][held_out["mask"] > 0].tolist())
+    assert keys and keys not in trained  # the held-out stream draws other keys
+    assert both[0].summary["digits"] == 6
+
+
+def test_a_passkey_run_trains_and_bad_fields_are_named(tmp_path):
+    metrics = train.run(passkey_run_config(), tmp_path / "run", progress=False,
+                        devices=jax.devices()[:1])
+    assert np.isfinite(metrics["train"]["loss"]) and np.isfinite(metrics["eval"]["loss"])
+    bad = [(dict(tokenizer="sentencepiece"), "data.source='passkey' generates its text"),
+           (dict(passkey_digits=0), "data.passkey_digits=0 must be in 1..18")]
+    for fields, message in bad:
+        with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
+            config_lib.validate_run_config(passkey_run_config(**fields))
+    with pytest.raises(ValueError, match="data.passkey_min_tokens: min_tokens=5 must be in"):
+        passkey.build_inputs(passkey_run_config(passkey_min_tokens=5))

@@ -12,6 +12,8 @@ Sources (config.data.source):
   = their folder), read with grain: the pod-scale path.
 - "bigram_backcopy": the synthetic Bigram-Backcopy task (bigram_backcopy.py), generated on
   the fly; a first-token attention sink forms on it in CPU-minutes.
+- "passkey": rows packed with marked pass keys (passkey.py), generated on the fly; a tiny
+  model learns retrieval on it in a few hundred CPU steps.
 
 data.packing: "segments" (documents cut into chunks, packed with segment ids) or "concat"
 (documents joined with EOS into rows, no segment ids; attention may then use cuDNN).
@@ -54,6 +56,10 @@ def build_inputs(config: Any, workdir: str | os.PathLike[str] | None = None, *,
         from gated_attention.data import bigram_backcopy
 
         return bigram_backcopy.build_inputs(config, workdir, **hosts)
+    if data.source == "passkey":
+        from gated_attention.data import passkey
+
+        return passkey.build_inputs(config, workdir, **hosts)
     from gated_attention.data import pipeline
 
     local = pipeline.load_local_data(data, config.model.vocab_size, workdir)

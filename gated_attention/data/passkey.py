@@ -11,22 +11,38 @@ filler's loss dominates the first steps and the copy forms later. A general-text
 learn passkey retrieval at tiny scale (docs/long_context.md), which this task isolates.
 
 Everything is drawn from (seed, index): batch i is the same whatever came before.
+
+As a run's data (`data.source=passkey`, `build_inputs`): training batch i is
+`packed_batch(seed=data.shuffle_seed, index=i)` of the whole global batch, of which each host
+keeps its rows; the held-out batches come from a stream of their own, so their keys are new.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
+import grain
 import numpy as np
 
+from gated_attention import paths
 from gated_attention.analysis import retrieval_tasks
+from gated_attention.data.inputs import Inputs, stream_tokenizer
 from gated_attention.data.packing import Batch
+
+ENDLESS = 2**62  # a training stream has no end: the run's steps decide
+EVAL_STREAM = 1  # held-out batches: SeedSequence([seed, EVAL_STREAM, i]), never a training key
+READ_OPTIONS = grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)
 
 
 def packed_batch(tokenizer: Any, seq_len: int, batch_size: int, index: int, *, seed: int = 0,
                  digits: int = 10, min_tokens: int = 24, answer_only: bool = True,
-                 add_bos: bool = False) -> Batch:
-    """Batch `index` of rows packed with marked pass keys, in the training batch format."""
+                 add_bos: bool = False, stream: int | None = None) -> Batch:
+    """Batch `index` of rows packed with marked pass keys, in the training batch format.
+
+    stream: None draws from default_rng([seed, index]); an int from [seed, stream, index]
+    (the held-out batches of a run use EVAL_STREAM)."""
     count_tokens = retrieval_tasks.token_counter(tokenizer, add_bos)
     key = "9" * digits  # the example without filler: "#<key>. #" then the key
     smallest = count_tokens(retrieval_tasks.Example("marked_passkey", f"#{key}. #", key, (key,)))
@@ -36,7 +52,7 @@ def packed_batch(tokenizer: Any, seq_len: int, batch_size: int, index: int, *, s
     width = seq_len + 1
     tokens, segments, positions, answers = (np.zeros((batch_size, width), np.int32)
                                             for _ in range(4))
-    rng = np.random.default_rng([seed, index])
+    rng = np.random.default_rng([seed, index] if stream is None else [seed, stream, index])
     for row in range(batch_size):
         at, segment = 0, 1
         while width - at >= min_tokens:
@@ -53,3 +69,56 @@ def packed_batch(tokenizer: Any, seq_len: int, batch_size: int, index: int, *, s
     mask = answers[:, 1:] if answer_only else same.astype(np.int32)
     return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "segment_ids": segments[:, :-1],
             "positions": positions[:, :-1], "mask": (mask & same).astype(np.int32)}
+
+
+class PasskeySource:
+    """Random access to a stream of packed pass-key batches (a grain data source): batch i
+    is drawn as a whole global batch and this host keeps its rows, so the data do not depend
+    on the number of hosts."""
+
+    def __init__(self, tokenizer: Any, data: Any, global_batch: int, *, stream: int | None,
+                 length: int, process_index: int = 0, process_count: int = 1):
+        if global_batch % process_count:
+            raise ValueError(f"train.batch_size={global_batch} must be divisible by the number "
+                             f"of hosts ({process_count})")
+        self.tokenizer, self.global_batch, self.stream, self.length = (
+            tokenizer, global_batch, stream, length)
+        self.options = dict(seed=int(data.shuffle_seed), digits=int(data.passkey_digits),
+                            min_tokens=int(data.passkey_min_tokens),
+                            answer_only=bool(data.passkey_answer_only), add_bos=bool(data.add_bos))
+        self.seq_len = int(data.seq_len)
+        per_host = global_batch // process_count
+        self.rows = slice(process_index * per_host, (process_index + 1) * per_host)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> Batch:
+        batch = packed_batch(self.tokenizer, self.seq_len, self.global_batch, int(index),
+                             stream=self.stream, **self.options)
+        return {k: v[self.rows] for k, v in batch.items()}
+
+
+def build_inputs(config: Any, workdir: str | os.PathLike[str] | None = None, *,
+                 process_index: int = 0, process_count: int = 1) -> Inputs:
+    """The data.Inputs of a `data.source=passkey` run (tokenizer: bytes or data.tokenizer_path)."""
+    data, train = config.data, config.train
+    tokenizer = stream_tokenizer(config, workdir)
+    hosts = dict(process_index=process_index, process_count=process_count)
+    try:
+        train_source = PasskeySource(tokenizer, data, train.batch_size, stream=None,
+                                     length=ENDLESS, **hosts)
+        train_source[0]  # the smallest example fits, before anything is compiled
+    except ValueError as err:
+        raise ValueError(f"data.passkey_min_tokens: {err}") from None
+    iterator = iter(grain.MapDataset.source(train_source).to_iter_dataset(READ_OPTIONS))
+    held_out = PasskeySource(tokenizer, data, train.batch_size, stream=EVAL_STREAM,
+                             length=int(train.eval_batches), **hosts)
+    evals = [held_out[i] for i in range(len(held_out))]
+    info = {"source": "passkey", "seq_len": int(data.seq_len),
+            "digits": int(data.passkey_digits), "min_tokens": int(data.passkey_min_tokens),
+            "answer_only": bool(data.passkey_answer_only), "seed": int(data.shuffle_seed)}
+    if workdir is not None and process_index == 0:
+        paths.write_atomic(paths.resolve(workdir) / "data_summary.json",
+                           json.dumps(info, indent=2) + "\n")
+    return Inputs(iterator, evals, tokenizer, info)
