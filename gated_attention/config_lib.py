@@ -155,6 +155,10 @@ ARCHS: dict[str, dict[str, Any]] = {
     # + BOS; a first-token sink forms in about 1,000 steps on a CPU.
     "sink_tiny": dict(vocab_size=65, num_layers=2, d_model=64, num_heads=1, num_kv_heads=1,
                       head_dim=32, mlp_dim=16, tied_embeddings=False, qk_norm=True),
+    # Marked pass keys (data.source=passkey, docs/long_context.md): bytes; whole keys are
+    # retrieved at 256 tokens after about 600 steps on a CPU.
+    "passkey_tiny": dict(vocab_size=260, num_layers=2, d_model=64, num_heads=4, num_kv_heads=4,
+                         head_dim=16, mlp_dim=128, tied_embeddings=True, qk_norm=True),
 }
 # Sequence length and dtype defaults per arch (the paper trains at 4096 in bf16).
 ARCH_RUN_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -166,6 +170,7 @@ ARCH_RUN_DEFAULTS: dict[str, dict[str, Any]] = {
     "dense_1p7b_48l": dict(seq_len=4096, dtype="bfloat16"),
     "moe_15a2b": dict(seq_len=4096, dtype="bfloat16"),
     "sink_tiny": dict(seq_len=64, dtype="float32", source="bigram_backcopy"),
+    "passkey_tiny": dict(seq_len=256, dtype="float32", source="passkey", tokenizer="byte"),
 }
 # Archs whose decoder blocks are scanned by default (model.scan_layers): deep enough that
 # compiling layer by layer takes minutes.
@@ -226,8 +231,9 @@ def data_section(arch: str) -> ml_collections.ConfigDict:
     """What the model reads. See gated_attention/data/__init__.py for each source."""
     return ml_collections.ConfigDict(dict(
         source=ARCH_RUN_DEFAULTS[arch].get("source", "cpython_docs"),  # one of DATA_SOURCES
-        tokenizer="sentencepiece",  # one of TOKENIZERS; "byte" needs model.vocab_size >= 259;
-                                    # "hf" reads data.tokenizer_path (a tokenizer.json)
+        # one of TOKENIZERS; "byte" needs model.vocab_size >= 259; "hf" reads
+        # data.tokenizer_path (a tokenizer.json)
+        tokenizer=ARCH_RUN_DEFAULTS[arch].get("tokenizer", "sentencepiece"),
         seq_len=ARCH_RUN_DEFAULTS[arch]["seq_len"],
         add_bos=False,              # a BOS token at the start of every packed segment
         add_eos=True,               # an EOS token at the end of every document

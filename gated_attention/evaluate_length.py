@@ -10,6 +10,8 @@ For each scaling and each length L it measures
   analysis does), or on windows of the concatenated held-out split when too few documents
   are that long;
 - the synthetic retrieval tasks of analysis/retrieval_tasks.py, scored exactly.
+A data.source=passkey run (no held-out text) is scored on its own task only:
+--tasks=marked_passkey --ppl_rows=0.
 Attention runs through ops "chunked" (blockwise, no S x S matrix), so 16k tokens fit on a CPU.
 "yarn" uses factor = yarn_factor, or the longest length / the training length when 0, over
 the run's training length (data.seq_len). Results go to <workdir>/length_eval/length_eval.json;
@@ -135,16 +137,28 @@ def evaluate(workdir: str | os.PathLike[str], lengths: Sequence[int], *,
     step = step or _latest_step(workdir)
     from gated_attention.data import LOCAL_SOURCES
 
-    if config.data.source not in LOCAL_SOURCES:
+    passkey_run = config.data.source == "passkey"
+    if config.data.source not in LOCAL_SOURCES and not passkey_run:
         raise ValueError("evaluate_length reads the held-out split of a local data source "
-                         f"({', '.join(LOCAL_SOURCES)}); data.source={config.data.source!r} "
-                         "is not supported yet")
+                         f"({', '.join(LOCAL_SOURCES)}) or scores a data.source='passkey' run; "
+                         f"data.source={config.data.source!r} is not supported yet")
+    if passkey_run and ppl_rows:
+        raise ValueError("a data.source='passkey' run has no held-out text: pass --ppl_rows=0 "
+                         "(and --tasks=marked_passkey, the task it learned)")
     params = nnx.state(model, nnx.Param)
     train_length = int(config.data.seq_len)
     factor = yarn_factor or max(1.0, max(lengths) / train_length)
-    local = pipeline.load_local_data(config.data, config.model.vocab_size, workdir)
-    tokenizer, add_bos = local.tokenizer, bool(config.data.add_bos)
+    if passkey_run:
+        from gated_attention.data.inputs import stream_tokenizer
+
+        local, tokenizer = None, stream_tokenizer(config, workdir)
+    else:
+        local = pipeline.load_local_data(config.data, config.model.vocab_size, workdir)
+        tokenizer = local.tokenizer
+    add_bos = bool(config.data.add_bos)
     count_tokens = retrieval_tasks.token_counter(tokenizer, add_bos)
+    # marked pass keys as long as the run's own (10 digits for a run on other data)
+    options = {"marked_passkey": {"digits": int(config.data.get("passkey_digits", 10))}}
     settings = {"step": int(step), "lengths": lengths, "scalings": list(scalings),
                 "yarn_factor": factor, "train_length": train_length, "tasks": list(tasks),
                 "examples": examples, "ppl_rows": ppl_rows, "seed": seed}
@@ -165,7 +179,8 @@ def evaluate(workdir: str | os.PathLike[str], lengths: Sequence[int], *,
                                        "rows": len(rows), "data": source}
             entry["tasks"] = {task: _task_score(forward, params, task, length, examples,
                                                 tokenizer, add_bos, count_tokens, seed,
-                                                batch_size) for task in tasks}
+                                                batch_size, options.get(task, {}))
+                              for task in tasks}
             scored = [t["score"] for t in entry["tasks"].values() if t["score"] is not None]
             entry["retrieval_score"] = float(np.mean(scored)) if scored else None
             per_length[str(length)] = entry
@@ -178,9 +193,10 @@ def evaluate(workdir: str | os.PathLike[str], lengths: Sequence[int], *,
 
 
 def _task_score(forward, params, task, length, examples, tokenizer, add_bos, count_tokens,
-                seed, batch_size) -> dict[str, Any]:
+                seed, batch_size, options) -> dict[str, Any]:
     try:
-        items = retrieval_tasks.make_examples(task, length, examples, count_tokens, seed)
+        items = retrieval_tasks.make_examples(task, length, examples, count_tokens, seed,
+                                              **options)
     except ValueError as err:
         return {"score": None, "note": str(err)}
     if not items:

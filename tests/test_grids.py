@@ -50,7 +50,7 @@ def test_every_grid_loads_at_every_scale(grid):
         assert {r.variant for r in runs} <= set(VARIANTS)
         assert {r.seed for r in runs} == {0, 1}
         if scale == "tiny":
-            assert {r.arch for r in runs} <= {"tiny", "tiny_moe", "sink_tiny"}
+            assert {r.arch for r in runs} <= {"tiny", "tiny_moe", "sink_tiny", "passkey_tiny"}
 
 
 def test_paper_grids_cover_every_table_row():

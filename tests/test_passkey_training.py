@@ -27,11 +27,12 @@ CHANCE_EXACT, CHANCE_DIGIT = 1 / (9 * 10 ** (DIGITS - 1)), 1 / 9
 
 
 def tiny_config():
-    """2 layers of width 64, 4 heads of 16, bytes; Adam at a constant 1e-2 after warm-up."""
-    config = config_lib.base_config("tiny", "baseline")
-    config.model.update(dict(vocab_size=260, num_layers=2, d_model=64, num_heads=4,
-                             num_kv_heads=4, head_dim=16, mlp_dim=128))
-    config.data.update(dict(tokenizer="byte", seq_len=LENGTH))
+    """arch=passkey_tiny: 2 layers of width 64, 4 heads of 16, bytes; Adam at a constant 1e-2
+    after warm-up."""
+    config = config_lib.base_config("passkey_tiny", "baseline")
+    assert (config.data.source, config.data.tokenizer, config.model.vocab_size) == (
+        "passkey", "byte", 260)
+    config.data.update(dict(seq_len=LENGTH))
     config.train.update(dict(steps=STEPS, batch_size=BATCH))
     config.optimizer.update(dict(warmup_steps=15, peak_lr=1e-2, final_lr=1e-2))
     return config
@@ -134,10 +135,22 @@ def test_passkey_source_serves_each_host_its_rows_of_the_global_batch():
     assert both[0].summary["digits"] == 6
 
 
-def test_a_passkey_run_trains_and_bad_fields_are_named(tmp_path):
-    metrics = train.run(passkey_run_config(), tmp_path / "run", progress=False,
-                        devices=jax.devices()[:1])
+def test_a_passkey_run_trains_is_scored_at_length_and_bad_fields_are_named(tmp_path):
+    config = passkey_run_config(passkey_digits=6)
+    metrics = train.run(config, tmp_path / "run", progress=False, devices=jax.devices()[:1])
     assert np.isfinite(metrics["train"]["loss"]) and np.isfinite(metrics["eval"]["loss"])
+    # the length evaluation scores it on keys as long as its own, with no text perplexity
+    out = evaluate_length.evaluate(tmp_path / "run", [64, 128], scalings=("none",),
+                                   tasks=["marked_passkey"], ppl_rows=0, examples=2)
+    for length in ("64", "128"):
+        entry = out["results"]["none"][length]
+        assert "perplexity" not in entry
+        assert 0.0 <= entry["tasks"]["marked_passkey"]["score"] <= 1.0
+    examples = rt.make_examples("marked_passkey", 128, 3, COUNT, digits=6)
+    assert all(re.search(rf"#{e.answers[0]}\. ", e.prompt) and len(e.answers[0]) == 6
+               for e in examples)
+    with pytest.raises(ValueError, match="has no held-out text: pass --ppl_rows=0"):
+        evaluate_length.evaluate(tmp_path / "run", [64], tasks=["marked_passkey"], ppl_rows=2)
     bad = [(dict(tokenizer="sentencepiece"), "data.source='passkey' generates its text"),
            (dict(passkey_digits=0), "data.passkey_digits=0 must be in 1..18")]
     for fields, message in bad:

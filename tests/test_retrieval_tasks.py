@@ -66,7 +66,8 @@ def test_scorer_rejects_wrong_answers():
 def test_too_short_a_length_is_refused_with_the_task_name():
     with pytest.raises(ValueError, match="too short for task 'variable_tracking'"):
         rt.make_examples("variable_tracking", 100, 1, COUNT)
-    with pytest.raises(ValueError, match="task='ruler' is not allowed"):
+    with pytest.raises(ValueError, match="task='ruler' is not allowed; choose one of passkey, "
+                       "multikey_niah, variable_tracking, common_words, marked_passkey"):
         rt.make_examples("ruler", 100, 1, COUNT)
 
 

@@ -94,3 +94,22 @@ def test_run_names_fit_a_file_name_and_tell_the_runs_apart():
     assert continued.name == ("tiny-baseline-num_layers2-d_model64-num_heads2-num_kv_heads1-"
                               "mlp_dim192-seq_len1024-rope_base1e+06-steps150-batch_size4-"
                               "warmup_steps15-s0")
+
+
+def test_the_pass_key_grid_trains_and_scores_pass_keys(tmp_path):
+    from experiments.grids import table5_passkey
+
+    runs = table5_passkey.runs("tiny", (0, 1))
+    assert len(runs) == 8 and {r.arch for r in runs} == {"passkey_tiny"}
+    assert all(len(r.name) < 200 for r in runs)
+    continued = [r for r in runs if "train.init_from" in dict(r.overrides)]
+    assert len(continued) == 4
+    for run in continued:
+        overrides = dict(run.overrides)
+        assert (overrides["data.seq_len"], overrides["model.rope_base"]) == (1024, 1e6)
+        assert overrides["data.passkey_digits"] == 4
+        _, eval_cmd = run_grid.commands(
+            run, tmp_path / "grid", "tiny", {},
+            analyze_template=table5.eval_command("tiny", table5_passkey.SETTINGS))
+        assert "--lengths=256,512,1024,2048,4096" in eval_cmd
+        assert "--tasks=marked_passkey" in eval_cmd and "--ppl_rows=0" in eval_cmd

@@ -41,10 +41,12 @@ SETTINGS = {
 ROPE_BASE_SHORT, ROPE_BASE_LONG = 10_000.0, 1_000_000.0
 
 
-def short_run(arch: str, variant: str, seed: int, scale: str) -> Run:
-    length, steps = SETTINGS[scale]["short"]
+def short_run(arch: str, variant: str, seed: int, scale: str,
+              settings: dict | None = None) -> Run:
+    settings = settings or SETTINGS[scale]
+    length, steps = settings["short"]
     return Run(arch=arch, variant=variant, seed=seed, table=TABLE, label=f"{variant} short",
-               overrides=(*SETTINGS[scale]["model"], ("data.seq_len", length),
+               overrides=(*settings["model"], ("data.seq_len", length),
                           ("model.rope_base", ROPE_BASE_SHORT), ("train.steps", steps)))
 
 
@@ -59,11 +61,13 @@ class ContinuedRun(Run):
         return Run(**{**dataclasses.asdict(self), "overrides": kept}).name
 
 
-def continued_run(arch: str, variant: str, seed: int, scale: str) -> Run:
-    length, steps, batch = SETTINGS[scale]["long"]
-    source = short_run(arch, variant, seed, scale)
+def continued_run(arch: str, variant: str, seed: int, scale: str,
+                  settings: dict | None = None) -> Run:
+    settings = settings or SETTINGS[scale]
+    length, steps, batch = settings["long"]
+    source = short_run(arch, variant, seed, scale, settings)
     return ContinuedRun(arch=arch, variant=variant, seed=seed, table=TABLE, label=variant,
-               overrides=(*SETTINGS[scale]["model"], ("data.seq_len", length),
+               overrides=(*settings["model"], ("data.seq_len", length),
                           ("model.rope_base", ROPE_BASE_LONG),
                           ("train.steps", steps), ("train.batch_size", batch),
                           ("optimizer.warmup_steps", max(1, steps // 10)),
@@ -80,13 +84,14 @@ def runs(scale="tiny", seeds=(0,)):
     return out
 
 
-def eval_command(scale: str) -> str:
+def eval_command(scale: str, settings: dict | None = None) -> str:
     """The run_grid --analyze_command template that evaluates every run at the scale's lengths."""
-    settings = SETTINGS[scale]
+    settings = settings or SETTINGS[scale]
     lengths = ",".join(str(x) for x in settings["lengths"])
+    extra = settings.get("eval_flags", "")
     return ("{python} -m gated_attention.evaluate_length --workdir={workdir} "
             f"--lengths={lengths} --scalings=none,yarn --yarn_factor={settings['yarn_factor']} "
-            f"--examples={settings['examples']}")
+            f"--examples={settings['examples']}" + (f" {extra}" if extra else ""))
 
 
 if __name__ == "__main__":

@@ -186,27 +186,32 @@ def marked_passkey(rng: np.random.Generator, budget: int, count_tokens: Callable
     return _fill(budget, count_tokens, build)
 
 
+# Not among the default TASKS: the task of data.source=passkey runs (data/passkey.py).
+EXTRA_TASKS = ("marked_passkey",)
 GENERATORS: dict[str, Callable[..., Example]] = {
     "passkey": passkey, "multikey_niah": multikey_niah,
     "variable_tracking": variable_tracking, "common_words": common_words,
+    "marked_passkey": marked_passkey,
 }
 
 
 def check_tasks(tasks: Sequence[str]) -> None:
     for task in tasks:
         if task not in GENERATORS:
-            raise ValueError(f"task={task!r} is not allowed; choose one of {', '.join(TASKS)}")
+            raise ValueError(f"task={task!r} is not allowed; choose one of "
+                             f"{', '.join((*TASKS, *EXTRA_TASKS))}")
 
 
 def make_examples(task: str, length: int, count: int, count_tokens: Callable[[Example], int],
-                  seed: int = 0) -> list[Example]:
+                  seed: int = 0, **options: Any) -> list[Example]:
     """`count` examples of `task` whose prompt + answer fit a row of `length` + 1 tokens.
 
-    As in training, a row of S + 1 tokens gives S inputs and S next-token targets.
+    As in training, a row of S + 1 tokens gives S inputs and S next-token targets. `options`
+    go to the task's generator (marked_passkey: digits).
     """
     check_tasks([task])
-    rng = np.random.default_rng([seed, TASKS.index(task), length])
-    return [GENERATORS[task](rng, length + 1, count_tokens) for _ in range(count)]
+    rng = np.random.default_rng([seed, (*TASKS, *EXTRA_TASKS).index(task), length])
+    return [GENERATORS[task](rng, length + 1, count_tokens, **options) for _ in range(count)]
 
 
 def score(example: Example, prediction: str) -> float:
