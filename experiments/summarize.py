@@ -273,7 +273,8 @@ def table5(root: epath.Path, runs: Mapping[str, Mapping[str, Any]],
             row[f"paper_{length}"] = (None if index is None
                                       else paper["rows"][paper_name][index])
         rows.append(row)
-    return {"train_length": train_length, "lengths": lengths, "rows": rows,
+    tasks = sorted({t for e in done for t in e["settings"].get("tasks", [])})
+    return {"train_length": train_length, "lengths": lengths, "rows": rows, "tasks": tasks,
             "missing": [name for name, e in evals.items() if not e]}
 
 
@@ -289,8 +290,8 @@ def table5_markdown(result: Mapping[str, Any]) -> list[str]:
     lines = ["", "## Table 5: long context", "",
              f"Continued runs trained at {train_length} tokens (paper: {PAPER_TRAIN_LENGTH}), "
              "evaluated at each length with plain RoPE or YaRN. Retrieval: mean exact score "
-             "x100 over the synthetic tasks (passkey, multi-key needle, variable tracking, "
-             "common words); paper: RULER at the same multiple of its training length. "
+             f"x100 over the synthetic tasks ({', '.join(result.get('tasks') or ['none'])}); "
+             "paper: RULER at the same multiple of its training length. "
              "Cells: ours / paper.", "", header, rule]
     for row in result["rows"]:
         cells = [f"{_fmt(row[f'score_{n}'], 1)} / {_fmt(row[f'paper_{n}'], 2)}" for n in lengths]

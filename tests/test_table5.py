@@ -44,7 +44,8 @@ def _write_eval(run_dir, variant, seed):
     run_dir.mkdir(parents=True)
     (run_dir / "length_eval").mkdir()
     (run_dir / "length_eval" / "length_eval.json").write_text(json.dumps({
-        "settings": {"train_length": 1024, "lengths": list(LENGTHS)}, "results": results}))
+        "settings": {"train_length": 1024, "lengths": list(LENGTHS),
+                     "tasks": ["passkey", "common_words"]}, "results": results}))
 
 
 def test_summary_prints_table5_beside_the_paper(tmp_path):
@@ -69,6 +70,7 @@ def test_summary_prints_table5_beside_the_paper(tmp_path):
     assert rows["G1 gate + YaRN"]["paper_8192"] is None   # beyond the paper's lengths
     text = (root / "summary.md").read_text()
     assert "## Table 5: long context" in text
+    assert "over the synthetic tasks (common_words, passkey)" in text  # the tasks evaluated
     assert "| baseline | 2 | 60.0 / 88.89 |" in text
     assert "2048 (2x): ours 20.0, paper 29.1" in text  # 66.60 - 37.51
     with open(root / "table5.csv") as f:
