@@ -127,6 +127,21 @@ def is_main_process() -> bool:
     return jax.process_index() == 0
 
 
+def per_host_batch(batch_size: int, process_count: int) -> int:
+    """Rows of the global batch (train.batch_size) each host loads."""
+    if batch_size % process_count:
+        raise ValueError(f"train.batch_size={batch_size} must be divisible by the number of "
+                         f"hosts ({process_count})")
+    return batch_size // process_count
+
+
+def host_rows(batch_size: int, process_index: int, process_count: int) -> slice:
+    """This host's rows of a global batch drawn whole (the data then do not depend on the
+    number of hosts)."""
+    per_host = per_host_batch(batch_size, process_count)
+    return slice(process_index * per_host, (process_index + 1) * per_host)
+
+
 def local_batch_rows(sharding: NamedSharding, global_batch_size: int) -> slice:
     """The contiguous rows of a [batch, ...] global array that this process's devices hold.
 

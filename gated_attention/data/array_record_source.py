@@ -129,7 +129,7 @@ def held_out_documents(folder: str, manifest: dict[str, Any], *, process_index: 
 
 def build_inputs(config: Any, workdir: Any, *, process_index: int, process_count: int):
     from gated_attention.data.inputs import Inputs, tokenizer_summary
-    from gated_attention.data.pipeline import per_host_batch
+    from gated_attention.distributed import per_host_batch
 
     data, train = config.data, config.train
     manifest = read_manifest(data.paths)

@@ -27,6 +27,7 @@ import numpy as np
 from gated_attention import paths
 from gated_attention.data.inputs import Inputs
 from gated_attention.data.packing import Batch
+from gated_attention.distributed import host_rows
 
 BOS_ID = 0
 TRAIN_STREAM, EVAL_STREAM = 0, 1
@@ -152,13 +153,9 @@ class BatchSource:
 
     def __init__(self, chain: Chain, seq_len: int, global_batch: int, *, seed: int,
                  stream: int, length: int, process_index: int = 0, process_count: int = 1):
-        if global_batch % process_count:
-            raise ValueError(f"train.batch_size={global_batch} must be divisible by the number "
-                             f"of hosts ({process_count})")
+        self.rows = host_rows(global_batch, process_index, process_count)
         self.chain, self.seq_len, self.global_batch = chain, seq_len, global_batch
         self.seed, self.stream, self.length = seed, stream, length
-        per_host = global_batch // process_count
-        self.rows = slice(process_index * per_host, (process_index + 1) * per_host)
 
     def __len__(self) -> int:
         return self.length

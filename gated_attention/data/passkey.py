@@ -30,6 +30,7 @@ from gated_attention import paths
 from gated_attention.analysis import retrieval_tasks
 from gated_attention.data.inputs import Inputs, stream_tokenizer
 from gated_attention.data.packing import Batch
+from gated_attention.distributed import host_rows
 
 ENDLESS = 2**62  # a training stream has no end: the run's steps decide
 EVAL_STREAM = 1  # held-out batches: SeedSequence([seed, EVAL_STREAM, i]), never a training key
@@ -78,17 +79,13 @@ class PasskeySource:
 
     def __init__(self, tokenizer: Any, data: Any, global_batch: int, *, stream: int | None,
                  length: int, process_index: int = 0, process_count: int = 1):
-        if global_batch % process_count:
-            raise ValueError(f"train.batch_size={global_batch} must be divisible by the number "
-                             f"of hosts ({process_count})")
+        self.rows = host_rows(global_batch, process_index, process_count)
         self.tokenizer, self.global_batch, self.stream, self.length = (
             tokenizer, global_batch, stream, length)
         self.options = dict(seed=int(data.shuffle_seed), digits=int(data.passkey_digits),
                             min_tokens=int(data.passkey_min_tokens),
                             answer_only=bool(data.passkey_answer_only), add_bos=bool(data.add_bos))
         self.seq_len = int(data.seq_len)
-        per_host = global_batch // process_count
-        self.rows = slice(process_index * per_host, (process_index + 1) * per_host)
 
     def __len__(self) -> int:
         return self.length

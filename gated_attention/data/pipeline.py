@@ -24,6 +24,7 @@ from gated_attention import paths
 from gated_attention.data import corpus as corpus_lib
 from gated_attention.data import packing
 from gated_attention.data.tokenizer import Tokenizer, get_tokenizer
+from gated_attention.distributed import per_host_batch
 
 # Chunks are cheap slices of an array in memory: grain's thread pool only adds overhead here
 # (4x slower per batch), so read them in the calling thread.
@@ -166,13 +167,6 @@ def load_local_data(data_config: Any, vocab_size: int,
                     for held_out_set in [{x.name for x in held_out_docs}]
                     for d in (x.name for x in documents)))
     return LocalData(tokenizer, train, held_out, summary)
-
-
-def per_host_batch(batch_size: int, process_count: int) -> int:
-    if batch_size % process_count:
-        raise ValueError(f"train.batch_size={batch_size} must be divisible by the number of "
-                         f"hosts ({process_count})")
-    return batch_size // process_count
 
 
 def train_dataset(data: LocalData, data_config: Any, batch_size: int, *, seed: int,

@@ -181,7 +181,7 @@ def build_inputs(config: Any, workdir: Any, *, process_index: int, process_count
 
     from gated_attention import paths
     from gated_attention.data.inputs import Inputs
-    from gated_attention.data.pipeline import per_host_batch
+    from gated_attention.distributed import per_host_batch
 
     data, train = config.data, config.train
     task, tokenizer = task_and_tokenizer(config, workdir)
