@@ -11,17 +11,13 @@ FFN is narrowed so it has the baseline's parameter count. Weights are sharded ov
 chip (FSDP). `python -m gated_attention.inspect` with this config prints the memory per chip.
 """
 
-from gated_attention.config_lib import ConfigError, base_config, parse_config_string
+from gated_attention.config_lib import family_config
 
 ARCHS = ("dense_1p7b_28l", "dense_1p7b_48l")
 
 
 def get_config(arg=None):
-    options = parse_config_string(arg)
-    arch = options.get("arch", "dense_1p7b_28l")
-    if arch not in ARCHS:
-        raise ConfigError(f"arch={arch!r} is not allowed here; choose one of {', '.join(ARCHS)}")
-    config = base_config(arch, options.get("variant", "baseline"))
+    config = family_config(arg, ARCHS)
     config.model.narrow_ffn_to_match_baseline = config.variant != "baseline"
     config.model.remat = "dots_with_no_batch_dims_saveable"
     config.train.batch_size = 1024

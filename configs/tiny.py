@@ -8,17 +8,13 @@ variant: any name in gated_attention.variants.VARIANTS (the paper's table rows).
 Any field can be changed on the command line, e.g. --config.train.steps=600.
 """
 
-from gated_attention.config_lib import ConfigError, base_config, parse_config_string
+from gated_attention.config_lib import family_config
 
 ARCHS = ("tiny", "tiny_moe")
 
 
 def get_config(arg=None):
-    options = parse_config_string(arg)
-    arch = options.get("arch", "tiny")
-    if arch not in ARCHS:
-        raise ConfigError(f"arch={arch!r} is not allowed here; choose one of {', '.join(ARCHS)}")
-    config = base_config(arch, options.get("variant", "baseline"))
+    config = family_config(arg, ARCHS)
     config.data.seq_len = 128
     config.data.add_bos = True  # a fixed first token, where an attention sink can form
     config.train.steps = 300

@@ -467,6 +467,17 @@ def parse_config_string(arg: str | None) -> dict[str, str]:
 
 
 
+def family_config(arg: str | None, archs: tuple[str, ...]) -> ml_collections.ConfigDict:
+    """The base config of an arch family's file (configs/tiny.py, configs/dense_1p7b.py):
+    `arch=` in the config string must be one of `archs` (default: the first); `variant=`
+    defaults to the baseline."""
+    options = parse_config_string(arg)
+    arch = options.get("arch", archs[0])
+    if arch not in archs:
+        raise ConfigError(f"arch={arch!r} is not allowed here; choose one of {', '.join(archs)}")
+    return base_config(arch, options.get("variant", "baseline"))
+
+
 def table_row_config(arg: str | None, rows: tuple[str, ...],
                      default_arch: str) -> ml_collections.ConfigDict:
     """The base config of one row of a paper table (configs/table*.py): `variant=` in the

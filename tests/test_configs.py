@@ -61,3 +61,13 @@ def test_from_workdir_without_a_workdir_says_how_to_call_it(tmp_path):
         module.get_config()
     with pytest.raises(ValueError, match="config.json not found"):
         module.get_config(str(tmp_path))
+
+
+def test_family_files_keep_to_their_archs():
+    for name, archs in (("tiny", "tiny, tiny_moe"),
+                        ("dense_1p7b", "dense_1p7b_28l, dense_1p7b_48l")):
+        with pytest.raises(ConfigError, match=f"arch='small' is not allowed here; choose one of "
+                                              f"{archs}"):
+            load(name).get_config("arch=small")
+    assert load("tiny").get_config("arch=tiny_moe,variant=g1_sdpa_headwise").variant == (
+        "g1_sdpa_headwise")
