@@ -188,6 +188,7 @@ def marked_passkey(rng: np.random.Generator, budget: int, count_tokens: Callable
 
 # Not among the default TASKS: the task of data.source=passkey runs (data/passkey.py).
 EXTRA_TASKS = ("marked_passkey",)
+ALL_TASKS = (*TASKS, *EXTRA_TASKS)
 GENERATORS: dict[str, Callable[..., Example]] = {
     "passkey": passkey, "multikey_niah": multikey_niah,
     "variable_tracking": variable_tracking, "common_words": common_words,
@@ -199,7 +200,7 @@ def check_tasks(tasks: Sequence[str]) -> None:
     for task in tasks:
         if task not in GENERATORS:
             raise ValueError(f"task={task!r} is not allowed; choose one of "
-                             f"{', '.join((*TASKS, *EXTRA_TASKS))}")
+                             f"{', '.join(ALL_TASKS)}")
 
 
 def make_examples(task: str, length: int, count: int, count_tokens: Callable[[Example], int],
@@ -210,7 +211,7 @@ def make_examples(task: str, length: int, count: int, count_tokens: Callable[[Ex
     go to the task's generator (marked_passkey: digits).
     """
     check_tasks([task])
-    rng = np.random.default_rng([seed, (*TASKS, *EXTRA_TASKS).index(task), length])
+    rng = np.random.default_rng([seed, ALL_TASKS.index(task), length])
     return [GENERATORS[task](rng, length + 1, count_tokens, **options) for _ in range(count)]
 
 
