@@ -3,6 +3,9 @@
     python -m gated_attention.preflight \
         --config=configs/ablation.py:arch=dense_1p7b_28l,variant=g1_sdpa_elementwise \
         --accelerator=v5p-64 [--config.mesh.fsdp=32 ...] [--json] [--dump_hlo=DIR]
+    # 2 slices joined by the data-centre network, data parallel across them:
+    python -m gated_attention.preflight ... --accelerator=v5p-64 --slices=2 \
+        --config.mesh.dcn_data=2
 
 The steps are the ones `main` runs (train.train_state_spec, make_train_step, jit_train_step,
 make_eval_step: same functions, same shardings), traced inside `compiling_for("tpu")` so the
@@ -20,6 +23,7 @@ The building blocks (tpu_mesh, compile_step) live in gated_attention/target_comp
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -55,21 +59,39 @@ def model_flops_per_step(config: Any) -> float:
                                                               * config.data.seq_len)
 
 
+def check_slices(config: Any, num_slices: int) -> None:
+    """The config's DCN mesh axes (mesh.dcn_*) must span exactly the slices compiled for."""
+    from gated_attention import sharding
+
+    if num_slices < 1:
+        raise ValueError(f"--slices={num_slices} must be at least 1")
+    dcn = dict(zip(sharding.DCN_KEYS, sharding.dcn_shape(config.mesh)))
+    spanned = math.prod(dcn.values())
+    if spanned != num_slices:
+        set_axes = ", ".join(f"mesh.{k}={v}" for k, v in dcn.items() if v != 1) or "none set"
+        raise ValueError(f"--slices={num_slices} needs mesh.dcn_* sizes that multiply to "
+                         f"{num_slices} (e.g. --config.mesh.dcn_data={num_slices}); the config "
+                         f"spans {spanned} slice(s) ({set_axes})")
+
+
 def preflight(config: Any, tpu: TpuSlice, steps: tuple[str, ...] = STEPS,
-              dump_hlo: Path | None = None) -> dict[str, Any]:
-    """Compile `steps` of `config` for the slice; the report as a dict (bytes per device)."""
+              dump_hlo: Path | None = None, num_slices: int = 1) -> dict[str, Any]:
+    """Compile `steps` of `config` for `num_slices` slices of `tpu` (their DCN mesh axes
+    across slices); the report as a dict (bytes per device)."""
     cfg = config_lib.validate_run_config(config)
+    check_slices(config, num_slices)
     if dump_hlo is not None:
         taken = [dump_hlo / f"{s}_step.hlo.txt" for s in steps
                  if (dump_hlo / f"{s}_step.hlo.txt").exists()]
         if taken:
             raise ValueError(f"--dump_hlo: {taken[0]} exists; choose an empty folder")
-    mesh = tpu_mesh(tpu.topology, config.mesh)
+    mesh = tpu_mesh(tpu.topology, config.mesh, num_slices)
     devices = mesh.devices.size
-    hbm = tpu.hbm_bytes * tpu.chips // devices
+    hbm = tpu.hbm_bytes * tpu.chips * num_slices // devices
     report: dict[str, Any] = {
         "arch": config.arch, "variant": cfg.variant.name, "accelerator": tpu.accelerator,
-        "topology": tpu.topology, "chips": tpu.chips, "devices": devices,
+        "topology": tpu.topology, "slices": num_slices, "chips": tpu.chips * num_slices,
+        "devices": devices,
         "hbm_per_device": hbm, "mesh": {k: int(v) for k, v in mesh.shape.items()},
         "batch_size": config.train.batch_size, "grad_accum": config.train.grad_accum,
         "seq_len": config.data.seq_len, "attention_impl": cfg.attention_impl,
@@ -108,10 +130,12 @@ def _gib(n: float) -> str:
 
 def format_report(info: Mapping[str, Any]) -> str:
     mesh = ",".join(f"{k}={v}" for k, v in info["mesh"].items())
+    slices = info.get("slices", 1)
+    where = f"{slices} x {info['accelerator']}" if slices > 1 else info["accelerator"]
     head = [
-        f"pre-flight {info['arch']} / {info['variant']} on {info['accelerator']} "
-        f"(topology {info['topology']}, {info['chips']} chips, {_gib(info['hbm_per_device'])} "
-        "HBM per device)",
+        f"pre-flight {info['arch']} / {info['variant']} on {where} "
+        f"(topology {info['topology']}{f' x {slices} slices' if slices > 1 else ''}, "
+        f"{info['chips']} chips, {_gib(info['hbm_per_device'])} HBM per device)",
         f"mesh {mesh}; batch {info['batch_size']} x {info['seq_len']}, grad_accum "
         f"{info['grad_accum']}, remat {info['remat']}, scan_layers {info['scan_layers']}, "
         f"attention {info['attention_impl']}",
@@ -144,7 +168,7 @@ def format_report(info: Mapping[str, Any]) -> str:
                      "blocks) and one micro-batch (grad_accum); of the attention kernels only "
                      "pallas_tpu's are counted (splash has no cost estimate)")
     verdict = "fits" if info["fits"] else "does NOT fit"
-    return "\n".join(head + body + notes + [f"=> {verdict} on {info['accelerator']}"])
+    return "\n".join(head + body + notes + [f"=> {verdict} on {where}"])
 
 
 def main(argv: list[str]) -> None:
@@ -162,7 +186,7 @@ def main(argv: list[str]) -> None:
             if s not in STEPS:
                 raise ValueError(f"--steps {s!r} is not allowed; choose from {', '.join(STEPS)}")
         info = preflight(FLAGS.config, tpu, steps,
-                         Path(FLAGS.dump_hlo) if FLAGS.dump_hlo else None)
+                         Path(FLAGS.dump_hlo) if FLAGS.dump_hlo else None, FLAGS.slices)
     except (AcceleratorError, config_lib.ConfigError, ValueError) as err:
         sys.exit(f"Pre-flight error: {err}")
     print(json.dumps(info, indent=2) if FLAGS.json else format_report(info))
@@ -195,6 +219,9 @@ if __name__ == "__main__":
                         "v5litepod-16, v5p-64, v6e-64, v4-32, ...")
     flags.DEFINE_string("steps", "", "Steps to compile: train, eval or train,eval (default: "
                         "those main runs; no eval step with train.eval_every=0).")
+    flags.DEFINE_integer("slices", 1, "Slices of --accelerator joined by the data-centre "
+                         "network (multislice); the config's mesh.dcn_* sizes must multiply "
+                         "to this.")
     flags.DEFINE_bool("json", False, "Print JSON instead of a table.")
     flags.DEFINE_string("dump_hlo", "", "Folder to write the optimized HLO of each step to.")
     flags.mark_flags_as_required(["config", "accelerator"])

@@ -26,10 +26,13 @@ from gated_attention.ops.target import compiling_for
 STEPS = ("train", "eval")
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "mask")
 MOSAIC_CALL = "tpu_custom_call"  # how a Pallas TPU kernel appears in the optimized HLO
+MEGACORE_GENERATIONS = ("v4", "v5p")  # topology prefixes whose chips run as one device
 
 
-def tpu_devices(topology: str) -> list[Any]:
-    """Compile-only devices of a TPU topology such as "v5e:2x2" or "v5p:2x2x1" (no TPU needed).
+def tpu_devices(topology: str, num_slices: int = 1) -> list[Any]:
+    """Compile-only devices of a TPU topology such as "v5e:2x2" or "v5p:2x2x1" (no TPU needed);
+    with num_slices > 1, that many such slices joined by the data-centre network (each device
+    carries its `slice_index`, as on a multislice pod).
 
     A one-chip slice ("v5e:1x1") is described as a one-chip host.
     """
@@ -37,25 +40,34 @@ def tpu_devices(topology: str) -> list[Any]:
 
     from jax.experimental import topologies
 
+    if num_slices < 1:
+        raise ValueError(f"num_slices={num_slices} must be at least 1")
     # Compiling takes no TPU: let several processes on this host load libtpu at once.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     single_chip = all(int(n) == 1 for n in topology.partition(":")[2].split("x"))
-    extra = {"chips_per_host_bounds": [1, 1, 1]} if single_chip else {}
+    extra: dict[str, Any] = {"chips_per_host_bounds": [1, 1, 1]} if single_chip else {}
+    if num_slices > 1:
+        extra["num_slices"] = num_slices
     try:
         devices = list(topologies.get_topology_desc(topology_name=topology, platform="tpu",
                                                     **extra).devices)
     except Exception as err:  # libtpu absent or a name it refuses: one line
-        raise ValueError(f"cannot describe TPU topology {topology!r}: "
+        raise ValueError(f"cannot describe TPU topology {topology!r}"
+                         f"{f' x {num_slices} slices' if num_slices > 1 else ''}: "
                          f"{str(err).splitlines()[0]}") from None
     distributed.clear_libtpu_placeholders()
-    # libtpu describes v4 with one device per TensorCore; a v4 VM runs one per chip
-    # (megacore), which is what jax's meshes require: keep the first core of each chip.
-    return [d for d in devices if getattr(d, "core_on_chip", 0) == 0]
+    # libtpu describes v4 and v5p with one device per TensorCore; their VMs run one per chip
+    # (megacore), which is what jax's meshes require: keep the first core of each chip. v2,
+    # v3 (and TPU7x) run one device per core, as described.
+    if topology.partition(":")[0] in MEGACORE_GENERATIONS:
+        devices = [d for d in devices if getattr(d, "core_on_chip", 0) == 0]
+    return devices
 
 
-def tpu_mesh(topology: str, mesh_config: Mapping[str, Any]) -> Mesh:
-    """The run's mesh (config.mesh) over the compile-only devices of `topology`."""
-    return sharding.create_mesh(mesh_config, tpu_devices(topology))
+def tpu_mesh(topology: str, mesh_config: Mapping[str, Any], num_slices: int = 1) -> Mesh:
+    """The run's mesh (config.mesh, its dcn_* axes across slices) over the compile-only
+    devices of `num_slices` slices of `topology`."""
+    return sharding.create_mesh(mesh_config, tpu_devices(topology, num_slices))
 
 
 def abstract_batch(config: Any, mesh: Mesh, rules: sharding.Rules) -> dict[str, Any]:
