@@ -114,20 +114,30 @@ def test_setup_copies_the_commit_and_installs_on_every_worker(tmp_path):
 
 
 def test_launch_runs_main_on_all_workers_with_a_gcs_workdir(tmp_path):
-    (ssh,) = dry_run(tmp_path, "launch.sh", "--name", "r1", "--variant", "g1_sdpa_elementwise",
-                     "--", "--config.train.steps=10", "--config.data.paths=a b")
+    result = run("launch.sh", "--name", "r1", "--variant", "g1_sdpa_elementwise",
+                 "--config", str(write_settings(tmp_path)), "--dry-run", "--",
+                 "--config.train.steps=10", "--config.data.paths=a b")
+    assert result.returncode == 0, result.stderr
+    (ssh,) = [shlex.split(line) for line in result.stdout.splitlines()]
     assert ssh[:9] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "ga-pod", *LOCATION,
                        "--worker=all"]
     remote = remote_command(ssh)
-    start = remote.index("-m")
-    assert remote[start - 2:start] == ["nohup", ".venv/bin/python"]
     assert "GATED_ATTENTION_MULTIHOST=1" in remote
-    assert remote[start + 1:start + 7] == [
-        "gated_attention.main",
+    assert not any(a.startswith("MEGASCALE") for a in remote)  # one slice: none
+    # worker_log wraps main: the worker's output goes to ~/logs and into the bucket
+    start = remote.index("gated_attention.pods.worker_log")
+    assert remote[start - 4:start + 6] == [
+        "setsid", "nohup", ".venv/bin/python", "-m", "gated_attention.pods.worker_log",
+        "--dest", "gs://bkt/ga/runs/r1/logs", "--name", "worker-{worker}.log", "--"]
+    assert remote[start + 6:start + 14] == [
+        ".venv/bin/python", "-m", "gated_attention.main",
         "--config=configs/ablation.py:arch=tiny,variant=g1_sdpa_elementwise",
         "--workdir=gs://bkt/ga/runs/r1", "--progress=false", "--config.train.steps=10",
         "--config.data.paths=a b"]
     assert remote[-6:] == [">", "~/logs/r1.log", "2>&1", "<", "/dev/null", "&"]
+    # a dry run started nothing and does not say it did
+    assert "Started" not in result.stderr
+    assert "# Would start r1 on every worker; workdir gs://bkt/ga/runs/r1" in result.stderr
 
 
 WORKER_ID = ("GATED_ATTENTION_WORKER_ID=$(curl -sf -H 'Metadata-Flavor: Google' "
@@ -329,3 +339,146 @@ def test_launch_grid_preflights_each_distinct_run_config_once(tmp_path, stand_in
     assert len(calls) == len(runs) > 1  # seeds 0 and 1 share one pre-flight
     assert all(c[:2] == ["-m", "gated_attention.preflight"] and "--accelerator=v4-32" in c
                and not any(a.startswith("--config.seed") for a in c) for c in calls)
+
+
+# ---------------------------------------------------------------- types, extra flags, slices
+
+def test_create_refuses_a_type_the_preflight_cannot_describe_before_any_gcloud_call(tmp_path):
+    """v4-100 names no slice shape: refused with the reason, nothing printed or created (the
+    fixture checks gcloud was never called); --no-preflight creates it anyway."""
+    settings = str(write_settings(tmp_path, TPU_TYPE="v4-100"))
+    for dry in ([], ["--dry-run"]):
+        refused = run("create.sh", "--config", settings, *dry)
+        assert refused.returncode == 2 and refused.stdout == ""
+        assert "TPU_TYPE=v4-100 in" in refused.stderr
+        assert "accelerator 'v4-100' is not a Cloud TPU type" in refused.stderr
+        assert "Nothing was created; pass --no-preflight" in refused.stderr
+    forced = run("create.sh", "--config", settings, "--dry-run", "--no-preflight")
+    assert forced.returncode == 0 and "--accelerator-type=v4-100" in forced.stdout
+
+
+@pytest.mark.parametrize("tpu_type, topology", [
+    ("v4-384", "v4:4x4x12"), ("v5p-12288", "v5p:16x16x24"), ("v4-8192", "v4:16x16x16"),
+    ("v3-32", "v3:4x4")])
+def test_create_accepts_the_documented_shapes(tmp_path, tpu_type, topology):
+    result = run("create.sh", "--config", str(write_settings(tmp_path, TPU_TYPE=tpu_type)),
+                 "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert f"--accelerator-type={tpu_type}" in shlex.split(result.stdout.splitlines()[0])
+    assert f"# {tpu_type} topology={topology}" in result.stderr
+
+
+def test_extra_create_and_ssh_args_pass_through(tmp_path):
+    """As a bash array or as a string of words, the extra flags reach gcloud word by word."""
+    array = {"EXTRA_CREATE_ARGS": "(--reserved --valid-until-duration=6h "
+                                  "'--service-account=tpu@p.iam.gserviceaccount.com')",
+             "EXTRA_SSH_ARGS": "(--internal-ip)"}
+    create, _ = dry_run(tmp_path, "create.sh", **array)
+    assert create[-4:] == ["--spot", "--reserved", "--valid-until-duration=6h",
+                           "--service-account=tpu@p.iam.gserviceaccount.com"]
+    (direct,) = dry_run(tmp_path, "create.sh", QUEUED="false",
+                        EXTRA_CREATE_ARGS='"--network=my-vpc --subnetwork=sub --internal-ips"')
+    assert direct[-4:] == ["--spot", "--network=my-vpc", "--subnetwork=sub", "--internal-ips"]
+    _, scp, ssh = dry_run(tmp_path, "setup.sh", EXTRA_SSH_ARGS='"--internal-ip '
+                          '--tunnel-through-iap"')
+    assert scp[-2:] == ["--internal-ip", "--tunnel-through-iap"]
+    assert ssh[9:11] == ["--internal-ip", "--tunnel-through-iap"]
+    (launch,) = dry_run(tmp_path, "launch.sh", "--name", "r1", **array)
+    (logs,) = dry_run(tmp_path, "logs.sh", "--name", "r1", **array)
+    assert launch[9] == logs[9] == "--internal-ip"
+    (alpha, _) = dry_run(tmp_path, "create.sh", GCLOUD_TRACK="alpha",
+                         EXTRA_CREATE_ARGS="(--provisioning-model=flex-start "
+                                           "--max-run-duration=24h)")
+    assert alpha[:4] == ["gcloud", "alpha", "compute", "tpus"]
+    assert alpha[-2:] == ["--provisioning-model=flex-start", "--max-run-duration=24h"]
+
+
+def test_multislice_create_setup_logs_and_teardown(tmp_path):
+    create, describe = dry_run(tmp_path, "create.sh", SLICES="2", TPU_TYPE="v5litepod-4")
+    assert create[:9] == ["gcloud", "compute", "tpus", "queued-resources", "create", "ga-pod",
+                          "--node-count=2", "--node-prefix=ga-pod", *LOCATION[:1]]
+    assert not any(a.startswith("--node-id") for a in create)
+    _, scp0, scp1, ssh0, ssh1 = dry_run(tmp_path, "setup.sh", SLICES="2")
+    assert [scp0[6], scp1[6], ssh0[5], ssh1[5]] == [
+        "ga-pod-0:gated_attention.tar.gz", "ga-pod-1:gated_attention.tar.gz", "ga-pod-0",
+        "ga-pod-1"]
+    (logs,) = dry_run(tmp_path, "logs.sh", "--name", "r1", "--slice", "1", SLICES="2")
+    assert logs[5] == "ga-pod-1"
+    (delete,) = dry_run(tmp_path, "teardown.sh", "--yes", SLICES="2")
+    assert delete[4:6] == ["delete", "ga-pod"]  # the queued resource, with both slices
+    settings = str(write_settings(tmp_path, SLICES="2"))
+    bad = run("logs.sh", "--name", "r1", "--slice", "2", "--config", settings, "--dry-run")
+    assert bad.returncode == 2 and "--slice 2 must be a slice number from 0 to 1" in bad.stderr
+    for changes, message in [({"SLICES": "0"}, "SLICES=0 in"),
+                             ({"SLICES": "2", "QUEUED": "false"}, "SLICES=2 in"),
+                             ({"MOUNT": "gs://b"}, "MOUNT=gs://b in")]:
+        result = run("create.sh", "--config", str(write_settings(tmp_path, **changes)),
+                     "--dry-run")
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_multislice_launch_sets_megascale_per_slice_and_preflights_n_slices(tmp_path,
+                                                                           stand_ins):
+    describe, ssh0, ssh1 = dry_run(tmp_path, "launch.sh", "--name", "r1", "--",
+                                   "--config.mesh.dcn_data=2", SLICES="2",
+                                   TPU_TYPE="v5litepod-4")
+    assert describe == ["gcloud", "compute", "tpus", "tpu-vm", "describe", "ga-pod-0",
+                        *LOCATION, "--format=value(networkEndpoints[0].ipAddress)"]
+    for slice_id, ssh in enumerate((ssh0, ssh1)):
+        assert ssh[5] == f"ga-pod-{slice_id}" and "--worker=all" in ssh
+        remote = remote_command(ssh)
+        env = remote[remote.index("GATED_ATTENTION_MULTIHOST=1"):remote.index("setsid")]
+        assert env == ["GATED_ATTENTION_MULTIHOST=1",
+                       "MEGASCALE_COORDINATOR_ADDRESS=SLICE0_WORKER0_IP:8080",
+                       "MEGASCALE_NUM_SLICES=2", f"MEGASCALE_SLICE_ID={slice_id}",
+                       "MEGASCALE_PORT=8080"]
+        assert f"slice-{slice_id}-worker-{{worker}}.log" in remote
+    assert preflight_calls(stand_ins) == [[
+        "-m", "gated_attention.preflight", "--config=configs/ablation.py:arch=tiny,variant="
+        "baseline", "--accelerator=v5litepod-4", "--config.mesh.dcn_data=2", "--slices=2"]]
+
+
+def test_multislice_remote_command_starts_each_worker_with_its_slice(tmp_path):
+    """The printed remote command of slice 1, run by bash as a worker's shell would, starts
+    the log wrapper (and through it main) with that slice's MEGASCALE variables."""
+    *_, ssh1 = dry_run(tmp_path, "launch.sh", "--name", "r1", "--no-preflight",
+                       SLICES="2", TPU_TYPE="v5litepod-4")
+    home, env = _fake_worker(tmp_path, "exit 22\n")
+    (home / "gated_attention" / ".venv" / "bin" / "python").write_text(
+        '#!/bin/sh\necho "multihost=$GATED_ATTENTION_MULTIHOST '
+        'coord=$MEGASCALE_COORDINATOR_ADDRESS slices=$MEGASCALE_NUM_SLICES '
+        'slice=$MEGASCALE_SLICE_ID port=$MEGASCALE_PORT args=$*" > "$HOME/ran"\n')
+    result = subprocess.run(["bash", "-c", remote_command_text(ssh1)], capture_output=True,
+                            text=True, env=env, timeout=30)
+    assert result.returncode == 0, result.stderr
+    ran = home / "ran"
+    deadline = time.monotonic() + 20
+    while not (ran.exists() and ran.read_text().endswith("\n")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ran.read_text() == (
+        "multihost=1 coord=SLICE0_WORKER0_IP:8080 slices=2 slice=1 port=8080 args=-m "
+        "gated_attention.pods.worker_log --dest gs://bkt/ga/runs/r1/logs --name "
+        "slice-1-worker-{worker}.log -- .venv/bin/python -m gated_attention.main "
+        "--config=configs/ablation.py:arch=tiny,variant=baseline --workdir=gs://bkt/ga/runs/r1 "
+        "--progress=false\n")
+
+
+def test_launch_no_preflight_skips_the_compile(tmp_path, stand_ins):
+    result = run("launch.sh", "--name", "r1", "--no-preflight", "--config",
+                 str(write_settings(tmp_path, TPU_TYPE="v5litepod-4")), "--dry-run")
+    assert result.returncode == 0 and preflight_calls(stand_ins) == []
+    assert "Pre-flight skipped (--no-preflight)" in result.stderr
+
+
+def test_setup_mounts_the_bucket_with_gcsfuse_from_its_package_source(tmp_path):
+    *_, ssh = dry_run(tmp_path, "setup.sh", MOUNT="my-bucket:/tmp/gcs/my-bucket")
+    text = remote_command_text(ssh)
+    assert ("https://packages.cloud.google.com/apt gcsfuse-'$(lsb_release -c -s)' main' | "
+            "sudo tee /etc/apt/sources.list.d/gcsfuse.list") in text
+    assert "sudo apt-get install -y -q fuse gcsfuse" in text
+    assert text.endswith("mkdir -p /tmp/gcs/my-bucket && { mountpoint -q /tmp/gcs/my-bucket "
+                         "|| gcsfuse --implicit-dirs my-bucket /tmp/gcs/my-bucket; }")
+    syntax = subprocess.run(["bash", "-n", "-c", text], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    *_, plain = dry_run(tmp_path, "setup.sh")
+    assert "gcsfuse" not in remote_command_text(plain)

@@ -62,6 +62,61 @@ load_settings() {
   PYTHON_VERSION="${PYTHON_VERSION:-3.11}"
   [[ "$PYTHON_VERSION" =~ ^3\.[0-9]+$ ]] ||
     die "PYTHON_VERSION=$PYTHON_VERSION in $CONFIG_FILE must look like 3.11"
+  SLICES="${SLICES:-1}"
+  [[ "$SLICES" =~ ^[1-9][0-9]*$ ]] ||
+    die "SLICES=$SLICES in $CONFIG_FILE must be a whole number of slices (1, 2, ...)"
+  ((SLICES == 1)) || [[ "$QUEUED" == true ]] ||
+    die "SLICES=$SLICES in $CONFIG_FILE needs QUEUED=true (one queued resource holds the slices)"
+  MEGASCALE_PORT="${MEGASCALE_PORT:-8080}"
+  [[ "$MEGASCALE_PORT" =~ ^[0-9]+$ ]] || die "MEGASCALE_PORT=$MEGASCALE_PORT must be a port number"
+  settings_array EXTRA_CREATE_ARGS EXTRA_CREATE
+  settings_array EXTRA_SSH_ARGS EXTRA_SSH
+  GCLOUD_TRACK="${GCLOUD_TRACK:-}"
+  [[ -z "$GCLOUD_TRACK" || "$GCLOUD_TRACK" == alpha || "$GCLOUD_TRACK" == beta ]] ||
+    die "GCLOUD_TRACK=$GCLOUD_TRACK in $CONFIG_FILE must be empty, alpha or beta"
+  MOUNT="${MOUNT:-}"
+  if [[ -n "$MOUNT" && ! "$MOUNT" =~ ^[a-z0-9][a-z0-9._-]*:/[A-Za-z0-9._-][A-Za-z0-9._/-]*$ ]]; then
+    die "MOUNT=$MOUNT in $CONFIG_FILE must be BUCKET_NAME:/absolute/dir (e.g." \
+      "my-bucket:/tmp/gcs/my-bucket), the bucket gcsfuse mounts on every worker"
+  fi
+}
+
+# EXTRA_*_ARGS may be a bash array in the settings file, EXTRA_SSH_ARGS=(--internal-ip), or
+# a string of words, EXTRA_SSH_ARGS="--internal-ip"; either way they reach gcloud word by
+# word. settings_array SETTING ARRAY copies SETTING into the array ARRAY.
+settings_array() {
+  if [[ "$(declare -p "$1" 2>/dev/null)" == "declare -a"* ]]; then
+    eval "$2=(\"\${$1[@]+\"\${$1[@]}\"}\")"  # $1 and $2 are fixed names, never user input
+  else
+    read -r -a "$2" <<<"${!1:-}"
+  fi
+}
+
+# The TPU VMs: TPU_NAME, or with SLICES=N the N nodes of the queued resource, named as gcloud
+# names them from --node-prefix: TPU_NAME-0 ... TPU_NAME-(N-1).
+node_names() {
+  if ((SLICES == 1)); then
+    echo "$TPU_NAME"
+  else
+    local i
+    for ((i = 0; i < SLICES; i++)); do echo "$TPU_NAME-$i"; done
+  fi
+}
+
+# Stop unless the pre-flight can describe TPU_TYPE (python -m gated_attention.tpu_topologies):
+# a slice that is created but cannot be launched on bills for nothing. --no-preflight skips.
+check_type_or_die() {
+  [[ -x "$LOCAL_PYTHON" ]] || die "no Python at $LOCAL_PYTHON to check TPU_TYPE=$TPU_TYPE: run" \
+    "'make install-test' in this checkout, set GATED_ATTENTION_PYTHON, or pass --no-preflight"
+  local answer
+  if ! answer="$(cd "$REPO_ROOT" && PYTHONPATH="$REPO_ROOT" "$LOCAL_PYTHON" -c \
+    'import sys; from gated_attention.tpu_topologies import main; sys.exit(main(sys.argv[1:]))' \
+    "$TPU_TYPE" 2>&1)"; then
+    die "TPU_TYPE=$TPU_TYPE in $CONFIG_FILE: the pre-flight cannot compile for it, so" \
+      "launch.sh could not check a run on it (${answer#error: }). Nothing was created; pass" \
+      "--no-preflight to create it anyway (then launch with --no-preflight)"
+  fi
+  echo "# $answer" >&2
 }
 
 # TPU VM image for an accelerator type: the versions Google's Cloud TPU documentation lists
@@ -102,9 +157,10 @@ preflight_or_die() {
   for arg in "$@"; do
     [[ "$arg" == --config.* ]] && overrides+=("$arg")
   done
+  ((SLICES == 1)) || overrides+=("--slices=$SLICES")
   [[ -x "$LOCAL_PYTHON" ]] || die "no Python at $LOCAL_PYTHON for the pre-flight: run" \
     "'make install-test' in this checkout, or set GATED_ATTENTION_PYTHON"
-  echo "# Pre-flight: $config on $TPU_TYPE (compiled here, no TPU used)" >&2
+  echo "# Pre-flight: $config on $SLICES x $TPU_TYPE (compiled here, no TPU used)" >&2
   if ! (cd "$REPO_ROOT" && PYTHONPATH="$REPO_ROOT" "$LOCAL_PYTHON" -m gated_attention.preflight \
     --config="$config" --accelerator="$TPU_TYPE" "${overrides[@]+"${overrides[@]}"}" >&2); then
     die "pre-flight refused $config on $TPU_TYPE (its error is above); nothing was started"
@@ -193,7 +249,22 @@ check_name() {
   [[ "$2" =~ ^[A-Za-z0-9._-]+$ ]] || die "$1 $2 may only hold letters, digits, '.', '-' and '_'"
 }
 
-tpu_ssh() {  # tpu_ssh WORKER COMMAND: one command on one worker (or all)
-  run gcloud compute tpus tpu-vm ssh "$TPU_NAME" --project="$PROJECT" --zone="$ZONE" \
-    --worker="$1" --command="$2"
+tpu_ssh() {  # tpu_ssh WORKER COMMAND [NODE]: one command on one worker (or all) of a node
+  run gcloud compute tpus tpu-vm ssh "${3:-$TPU_NAME}" --project="$PROJECT" --zone="$ZONE" \
+    --worker="$1" "${EXTRA_SSH[@]+"${EXTRA_SSH[@]}"}" --command="$2"
+}
+
+tpu_ssh_all() {  # tpu_ssh_all COMMAND: the same command on every worker of every slice
+  local node
+  while read -r node; do
+    tpu_ssh all "$1" "$node"
+  done < <(node_names)
+}
+
+tpu_scp_all() {  # tpu_scp_all LOCAL REMOTE: a file to every worker of every slice
+  local node
+  while read -r node; do
+    run gcloud compute tpus tpu-vm scp "$1" "$node:$2" --project="$PROJECT" --zone="$ZONE" \
+      --worker=all "${EXTRA_SSH[@]+"${EXTRA_SSH[@]}"}"
+  done < <(node_names)
 }

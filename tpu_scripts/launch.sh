@@ -1,35 +1,82 @@
 #!/usr/bin/env bash
-# Start one training run on every worker of the pod, its workdir on $BUCKET/runs/NAME.
-#   tpu_scripts/launch.sh --name NAME [--arch ARCH] [--variant VARIANT] [--config PATH]
-#       [--dry-run] [-- --config.train.steps=1000 ...]
+# Start one training run on every worker of the pod (of every slice, with SLICES=N), its
+# workdir on $BUCKET/runs/NAME.
+#   tpu_scripts/launch.sh --name NAME [--arch ARCH] [--variant VARIANT] [--no-preflight]
+#       [--config PATH] [--dry-run] [-- --config.train.steps=1000 ...]
 # Flags after `--` go to `python -m gated_attention.main`. First, here and before touching the
 # pod, the run's config is checked and its train and eval steps are compiled for TPU_TYPE
-# (python -m gated_attention.preflight, with the --config.* flags after `--`); a config that
-# is wrong, does not compile or does not fit stops the launch with the error. The run keeps
-# going after you log out; its log prints a line every train.log_every steps; follow it with
-# tpu_scripts/logs.sh --name NAME. Launching the same NAME again resumes.
+# (python -m gated_attention.preflight, with the --config.* flags after `--`, and --slices N
+# with SLICES=N); a config that is wrong, does not compile or does not fit stops the launch
+# with the error. --no-preflight skips it, for a type the pre-flight cannot compile for.
+# The run keeps going after you log out; its log prints a line every train.log_every steps;
+# follow it with tpu_scripts/logs.sh --name NAME. Each worker's log is also copied to
+# $BUCKET/runs/NAME/logs/ every minute and when the run ends. Launching the same NAME again
+# resumes.
 # shellcheck source=common.sh
 source "$(cd "${BASH_SOURCE[0]%/*}" && pwd)/common.sh"
 parse_common_flags "$@"
-FLAG_name="" FLAG_arch="tiny" FLAG_variant="baseline"
-parse_flags name arch variant
+FLAG_name="" FLAG_arch="tiny" FLAG_variant="baseline" FLAG_no_preflight=0
+parse_flags name arch variant no-preflight!
 load_settings
 require BUCKET TPU_TYPE
 check_name --name "$FLAG_name"
 [[ "$FLAG_arch$FLAG_variant" =~ ^[A-Za-z0-9._-]+$ ]] ||
   die "--arch and --variant may only hold letters, digits, '.', '-' and '_'"
 require_gcloud
-preflight_or_die "configs/ablation.py:arch=$FLAG_arch,variant=$FLAG_variant" \
-  "${PASSTHROUGH[@]+"${PASSTHROUGH[@]}"}"
+config="configs/ablation.py:arch=$FLAG_arch,variant=$FLAG_variant"
+if ((FLAG_no_preflight)); then
+  echo "# Pre-flight skipped (--no-preflight): $config is not checked for $TPU_TYPE" >&2
+else
+  preflight_or_die "$config" "${PASSTHROUGH[@]+"${PASSTHROUGH[@]}"}"
+fi
 
 workdir="${BUCKET%/}/runs/$FLAG_name"
-main=".venv/bin/python -m gated_attention.main"
-main+=" --config=configs/ablation.py:arch=$FLAG_arch,variant=$FLAG_variant"
+main=".venv/bin/python -m gated_attention.main --config=$config"
 main+=" --workdir=$(printf '%q' "$workdir") --progress=false$(quoted_passthrough)"
 log="$REMOTE_LOGS/$FLAG_name.log"
-# Every worker runs the same command; GATED_ATTENTION_MULTIHOST=1 makes main.py join them with
-# jax.distributed.initialize(). setsid + nohup: the run survives the ssh connection.
-remote="mkdir -p $REMOTE_LOGS && cd $REMOTE_DIR && GATED_ATTENTION_MULTIHOST=1 setsid nohup"
-remote+=" $main > $log 2>&1 < /dev/null &"
-tpu_ssh all "$remote"
-echo "# Started $FLAG_name on every worker; workdir $workdir, log $log on each worker." >&2
+
+# Multislice: every worker of slice s gets the MEGASCALE variables libtpu and
+# jax.distributed read: the coordinator (worker 0 of slice 0; jax's own coordinator runs on
+# the same host), the number of slices and this slice's index.
+coordinator=""
+if ((SLICES > 1)); then
+  describe=(gcloud compute tpus tpu-vm describe "$TPU_NAME-0" --project="$PROJECT"
+    --zone="$ZONE" "--format=value(networkEndpoints[0].ipAddress)")
+  if ((DRY_RUN)); then
+    run "${describe[@]}"
+    coordinator="SLICE0_WORKER0_IP"  # what the command above prints, in a real launch
+  else
+    coordinator="$("${describe[@]}")" || die "cannot read the address of $TPU_NAME-0"
+    [[ "$coordinator" =~ ^[0-9A-Za-z.:-]+$ ]] ||
+      die "no network address for $TPU_NAME-0 (got '$coordinator'): is the slice ACTIVE?"
+  fi
+fi
+
+slice=0
+while read -r node; do
+  env="GATED_ATTENTION_MULTIHOST=1"
+  logname="worker-{worker}.log"
+  if ((SLICES > 1)); then
+    env+=" MEGASCALE_COORDINATOR_ADDRESS=$coordinator:$MEGASCALE_PORT"
+    env+=" MEGASCALE_NUM_SLICES=$SLICES MEGASCALE_SLICE_ID=$slice MEGASCALE_PORT=$MEGASCALE_PORT"
+    logname="slice-$slice-worker-{worker}.log"
+  fi
+  # worker_log runs main, keeps its output in $log and copies it to the bucket every minute
+  # and at the end ({worker} becomes the worker's number); it exits with main's code.
+  wrapped=".venv/bin/python -m gated_attention.pods.worker_log"
+  wrapped+=" --dest $(printf '%q' "$workdir/logs") --name $logname -- $main"
+  # Every worker runs the same command; GATED_ATTENTION_MULTIHOST=1 makes main.py join them
+  # with jax.distributed.initialize(). setsid + nohup: the run survives the ssh connection.
+  remote="mkdir -p $REMOTE_LOGS && cd $REMOTE_DIR && $env setsid nohup"
+  remote+=" $wrapped > $log 2>&1 < /dev/null &"
+  tpu_ssh all "$remote" "$node"
+  slice=$((slice + 1))
+done < <(node_names)
+where="every worker"
+((SLICES == 1)) || where="every worker of $SLICES slices"
+if ((DRY_RUN)); then
+  echo "# Would start $FLAG_name on $where; workdir $workdir, log $log on each worker." >&2
+else
+  echo "# Started $FLAG_name on $where; workdir $workdir, log $log on each worker" \
+    "(copied to $workdir/logs/)." >&2
+fi

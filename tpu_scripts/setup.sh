@@ -4,7 +4,9 @@
 # The TPU VM images ship a Python older than the project needs: uv (installed on first use)
 # brings Python PYTHON_VERSION (default 3.11) for the venv. jax[tpu] is pinned to the jax of
 # this checkout's venv (JAX_VERSION in pod.env overrides), so the pod runs what the
-# pre-flight compiled.
+# pre-flight compiled. With SLICES=N it installs on every worker of every slice.
+# MOUNT=BUCKET_NAME:/dir mounts that bucket at /dir on every worker with gcsfuse (installed
+# from Google's apt repository on first use); run after a recreate, it mounts it again.
 #   tpu_scripts/setup.sh [--config PATH] [--dry-run]
 # shellcheck source=common.sh
 source "$(cd "${BASH_SOURCE[0]%/*}" && pwd)/common.sh"
@@ -22,8 +24,7 @@ fi
 
 archive="${TMPDIR:-/tmp}/gated_attention-$TPU_NAME.tar.gz"
 run git -C "$REPO_ROOT" archive --format=tar.gz --output="$archive" HEAD
-run gcloud compute tpus tpu-vm scp "$archive" "$TPU_NAME:gated_attention.tar.gz" \
-  --project="$PROJECT" --zone="$ZONE" --worker=all
+tpu_scp_all "$archive" gated_attention.tar.gz
 # Unpacks over the previous copy (code only: runs live on $BUCKET, logs in ~/logs) and keeps
 # its venv.
 install="mkdir -p $REMOTE_DIR $REMOTE_LOGS && tar -xzf ~/gated_attention.tar.gz -C $REMOTE_DIR"
@@ -37,4 +38,16 @@ install+=" 2>/dev/null || uv venv --clear --python $PYTHON_VERSION .venv; }"
 install+=" && uv pip install --python .venv/bin/python -q -e '.[gcs${EXTRAS:+,$EXTRAS}]'"
 install+=" 'jax[tpu]==$JAX_VERSION'"
 install+=" && .venv/bin/python -c 'import jax; print(jax.process_index(), jax.local_devices())'"
-tpu_ssh all "$install"
+if [[ -n "$MOUNT" ]]; then
+  bucket_name="${MOUNT%%:*}" mount_dir="${MOUNT#*:}"
+  # gcsfuse's package source, as Google's gcsfuse install page adds it, then the mount
+  # (skipped where it is already mounted).
+  repo="https://packages.cloud.google.com/apt"
+  install+=" && { command -v gcsfuse >/dev/null || { echo 'deb [signed-by=/usr/share/keyrings/cloud.google.asc]"
+  install+=" $repo gcsfuse-'\$(lsb_release -c -s)' main' | sudo tee /etc/apt/sources.list.d/gcsfuse.list >/dev/null"
+  install+=" && curl -fsSL $repo/doc/apt-key.gpg | sudo tee /usr/share/keyrings/cloud.google.asc >/dev/null"
+  install+=" && sudo apt-get update -q && sudo apt-get install -y -q fuse gcsfuse; }; }"
+  install+=" && mkdir -p $mount_dir && { mountpoint -q $mount_dir ||"
+  install+=" gcsfuse --implicit-dirs $bucket_name $mount_dir; }"
+fi
+tpu_ssh_all "$install"

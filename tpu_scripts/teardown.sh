@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Delete the TPU (and its queued resource). Workdirs on $BUCKET are kept; anything left on the
-# workers' disks (~/logs) is lost, so this asks for --yes.
+# Delete the TPU (and its queued resource, with every slice of it). Workdirs on $BUCKET are
+# kept; anything left on the workers' disks (~/logs) is lost, so this asks for --yes.
 #   tpu_scripts/teardown.sh --yes [--config PATH] [--dry-run]
 # shellcheck source=common.sh
 source "$(cd "${BASH_SOURCE[0]%/*}" && pwd)/common.sh"
