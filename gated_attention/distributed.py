@@ -2,10 +2,15 @@
 
 On a Cloud TPU pod every worker runs the same command (tpu_scripts/launch.sh sets
 GATED_ATTENTION_MULTIHOST=1); `initialize()` calls `jax.distributed.initialize()`, which
-finds the coordinator from the TPU metadata. On other
-clusters (or two CPU processes in a test) pass the coordinator address, process count and
-process id, by argument or by the environment variables JAX_COORDINATOR_ADDRESS,
-JAX_NUM_PROCESSES and JAX_PROCESS_ID. Each host then loads only the rows of the global batch
+finds the coordinator from the TPU metadata. Without that variable, `initialize(None)`
+(`main --multihost=auto`) detects the clusters jax.distributed itself can join, the way jax
+detects them (`detect_cluster`): a GKE TPU slice (its environment variables), a GCE TPU VM
+pod (the metadata server's `agent-worker-number` and `worker-network-endpoints`, asked only
+where the PCI bus shows TPU chips, with a short timeout), a SLURM job step of several tasks
+and an Open MPI job of several ranks (their environment variables). On other clusters (or two
+CPU processes in a test) pass the coordinator address, process count and process id, by
+argument or by the environment variables JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
+JAX_PROCESS_ID. Each host then loads only the rows of the global batch
 its devices hold (`local_batch_rows`) and `global_batch` assembles the global arrays with
 `jax.make_array_from_process_local_data`.
 """
@@ -13,6 +18,8 @@ its devices hold (`local_batch_rows`) and `global_batch` assembles the global ar
 from __future__ import annotations
 
 import os
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,6 +61,98 @@ def on_tpu_pod(env: Mapping[str, str] | None = None) -> bool:
             or task_id.isdigit())
 
 
+# The GCE metadata server of a TPU VM (what jax.distributed asks on a TPU VM pod); the
+# variable points it elsewhere (a test's stand-in server, a proxy).
+METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes"
+ENV_METADATA_URL = "GATED_ATTENTION_METADATA_URL"
+METADATA_TIMEOUT_S = 2.0
+# What jax's own cluster detection requires of a SLURM job step and of an Open MPI job.
+SLURM_ENV = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID",
+             "SLURM_LOCALID")
+OMPI_ENV = "OMPI_MCA_orte_hnp_uri"
+
+
+def tpu_vm_metadata(key: str, url: str = METADATA_URL,
+                    timeout_s: float = METADATA_TIMEOUT_S) -> str | None:
+    """The TPU VM's metadata attribute `key`, or None when the server does not answer it."""
+    request = urllib.request.Request(f"{url.rstrip('/')}/{key}",
+                                     headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.read().decode().strip() if response.status == 200 else None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def _tpu_chips_present() -> bool:
+    """TPU chips on this host's PCI bus (jax's own test before it asks the metadata server)."""
+    try:
+        from jax._src import hardware_utils
+
+        return hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
+    except Exception:  # a jax without the helper: assume no TPU
+        return False
+
+
+def _num_slices_in_tpu_env(tpu_env: str | None) -> int:
+    """MEGASCALE_NUM_SLICES from the metadata's `tpu-env` lines (`KEY: 'value'`)."""
+    for line in (tpu_env or "").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "MEGASCALE_NUM_SLICES":
+            value = value.strip().strip("'\"")
+            return int(value) if value.isdigit() else 1
+    return 1
+
+
+def gce_tpu_pod(env: Mapping[str, str] | None = None, metadata_url: str | None = None) -> bool:
+    """True on a worker of a GCE TPU VM slice of several hosts (or of several slices), as the
+    metadata server describes it. The server is asked only with `metadata_url` (or
+    GATED_ATTENTION_METADATA_URL) given, or where TPU chips are on the PCI bus."""
+    env = os.environ if env is None else env
+    url = metadata_url or env.get(ENV_METADATA_URL) or None
+    if url is None:
+        if "TPU_SKIP_MDS_QUERY" in env or not _tpu_chips_present():
+            return False
+        url = METADATA_URL
+    worker = tpu_vm_metadata("agent-worker-number", url)
+    if worker is None or not worker.isdigit():
+        return False
+    endpoints = [e for e in (tpu_vm_metadata("worker-network-endpoints", url) or "").split(",")
+                 if e.strip()]
+    slices = _env_int(env, "MEGASCALE_NUM_SLICES") or _num_slices_in_tpu_env(
+        tpu_vm_metadata("tpu-env", url))
+    return len(endpoints) > 1 or slices > 1
+
+
+def slurm_job(env: Mapping[str, str] | None = None) -> bool:
+    """A SLURM job step of several tasks (srun), as jax's SlurmCluster requires it."""
+    env = os.environ if env is None else env
+    return all(k in env for k in SLURM_ENV) and (_env_int(env, "SLURM_NTASKS") or 1) > 1
+
+
+def openmpi_job(env: Mapping[str, str] | None = None) -> bool:
+    """An Open MPI job (mpirun) of several ranks, as jax's OmpiCluster requires it."""
+    env = os.environ if env is None else env
+    return OMPI_ENV in env and (_env_int(env, "OMPI_COMM_WORLD_SIZE") or 1) > 1
+
+
+def detect_cluster(env: Mapping[str, str] | None = None,
+                   metadata_url: str | None = None) -> str | None:
+    """Which multi-process job this process is part of: "gke-tpu", "slurm", "openmpi",
+    "gce-tpu", or None (a single process). The environment is read first; the metadata server
+    last (see gce_tpu_pod)."""
+    env = os.environ if env is None else env
+    if on_tpu_pod(env):
+        return "gke-tpu"
+    if slurm_job(env):
+        return "slurm"
+    if openmpi_job(env):
+        return "openmpi"
+    if gce_tpu_pod(env, metadata_url):
+        return "gce-tpu"
+    return None
+
+
 def clear_libtpu_placeholders() -> None:
     """Unset the placeholder variables libtpu leaves after a compile-only start on a CPU host,
     so that processes started from this one do not take themselves for workers of a pod. A
@@ -78,9 +177,10 @@ def initialize(multihost: bool | None = None, *, coordinator_address: str | None
                env: Mapping[str, str] | None = None) -> bool:
     """Join the other processes when asked to (or on a TPU pod); return whether we did.
 
-    multihost=None decides from the environment: GATED_ATTENTION_MULTIHOST=1, a TPU pod, or
-    JAX_COORDINATOR_ADDRESS set. multihost=False never initializes. Calling it twice is
-    harmless.
+    multihost=None decides from the environment: GATED_ATTENTION_MULTIHOST=1,
+    JAX_COORDINATOR_ADDRESS set, or a cluster `detect_cluster` finds (a TPU pod on GKE or
+    GCE, a SLURM or Open MPI job), which jax.distributed then joins through its own
+    detection. multihost=False never initializes. Calling it twice is harmless.
     """
     env = os.environ if env is None else env
     coordinator_address = coordinator_address or env.get(ENV_COORDINATOR) or None
@@ -91,8 +191,8 @@ def initialize(multihost: bool | None = None, *, coordinator_address: str | None
         flag = env.get(ENV_MULTIHOST, "").strip().lower()
         if flag not in ("", "0", "1", "false", "true"):
             raise ValueError(f"environment variable {ENV_MULTIHOST}={flag!r} must be 1 or 0")
-        multihost = (flag in ("1", "true") or on_tpu_pod(env)
-                     or coordinator_address is not None)
+        multihost = (flag in ("1", "true") or coordinator_address is not None
+                     or (flag not in ("0", "false") and detect_cluster(env) is not None))
     if not multihost:
         return False
     if coordinator_address is not None and (num_processes is None or process_id is None):

@@ -142,3 +142,158 @@ def test_a_tpu_target_compile_leaves_no_pod_environment_to_children():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).parents[1]).stdout.split()
     assert out == ["False", "[]"]
+
+
+# ------------------------------------------------- detection: GCE TPU metadata, SLURM, Open MPI
+
+class _MetadataServer:
+    """A stand-in GCE metadata server on 127.0.0.1: answers only with the Metadata-Flavor
+    header, like Google's, and 404 for an attribute it does not hold."""
+
+    def __init__(self, attributes: dict[str, str]):
+        import http.server
+        import threading
+
+        attrs = attributes
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                key = self.path.rsplit("/", 1)[-1]
+                if self.headers.get("Metadata-Flavor") != "Google":
+                    self.send_response(403)
+                    self.end_headers()
+                    return
+                body = attrs.get(key)
+                self.send_response(200 if body is not None else 404)
+                self.end_headers()
+                self.wfile.write((body or "").encode())
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = (f"http://127.0.0.1:{self.server.server_address[1]}/computeMetadata/v1/"
+                    "instance/attributes")
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("attributes, expected", [
+    # two workers, the old name:id:ip format and the new host list
+    ({"agent-worker-number": "1", "worker-network-endpoints":
+      "t1v-n-a-w-0:0:10.0.0.2,t1v-n-a-w-1:1:10.0.0.3"}, True),
+    ({"agent-worker-number": "0", "worker-network-endpoints": "10.0.0.2,10.0.0.3"}, True),
+    # a single-host TPU VM (v5litepod-8): not a pod
+    ({"agent-worker-number": "0", "worker-network-endpoints": "10.0.0.2"}, False),
+    # ... unless it is one slice of several (multislice, from the tpu-env attribute)
+    ({"agent-worker-number": "0", "worker-network-endpoints": "10.0.0.2",
+      "tpu-env": "ACCELERATOR_TYPE: 'v5litepod-8'\nMEGASCALE_NUM_SLICES: '2'\n"}, True),
+    # a GCE VM that is no TPU worker (no agent-worker-number)
+    ({"hostname": "vm"}, False),
+])
+def test_a_gce_tpu_pod_is_detected_from_the_metadata_server(attributes, expected):
+    server = _MetadataServer(attributes)
+    try:
+        env = {distributed.ENV_METADATA_URL: server.url}
+        assert distributed.gce_tpu_pod(env) is expected
+        assert distributed.detect_cluster(env) == ("gce-tpu" if expected else None)
+    finally:
+        server.close()
+
+
+def test_no_metadata_server_means_no_pod_quickly():
+    import time
+
+    start = time.monotonic()
+    url = f"http://127.0.0.1:{free_port()}/computeMetadata/v1/instance/attributes"
+    assert distributed.gce_tpu_pod({distributed.ENV_METADATA_URL: url}) is False
+    # without an override and no TPU chips on the PCI bus, nothing is asked at all
+    assert distributed.gce_tpu_pod({}) is False
+    assert time.monotonic() - start < 5
+
+
+def test_initialize_auto_joins_a_detected_pod_through_jax_own_detection(monkeypatch):
+    """On a detected GCE TPU pod (or SLURM job), initialize(None) calls
+    jax.distributed.initialize() with nothing filled in: jax finds the coordinator itself."""
+    import jax
+
+    calls = []
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+    server = _MetadataServer({"agent-worker-number": "1",
+                              "worker-network-endpoints": "10.0.0.2,10.0.0.3"})
+    try:
+        env = {distributed.ENV_METADATA_URL: server.url}
+        assert distributed.initialize(None, env=env) is True
+        assert distributed.initialize(None, env={**env, "GATED_ATTENTION_MULTIHOST": "0"}) \
+            is False  # 0 turns detection off
+    finally:
+        server.close()
+    assert distributed.initialize(None, env=slurm_env(0, 2, 1234)) is True
+    assert calls == [dict(coordinator_address=None, num_processes=None, process_id=None)] * 2
+
+
+def slurm_env(task: int, tasks: int, job: int) -> dict[str, str]:
+    """What srun sets for one task of a job step on one node (localhost)."""
+    return {"SLURM_JOB_ID": str(job), "SLURM_STEP_NODELIST": "localhost",
+            "SLURM_NTASKS": str(tasks), "SLURM_PROCID": str(task), "SLURM_LOCALID": str(task),
+            "SLURM_STEP_NUM_NODES": "1"}
+
+
+def test_slurm_and_openmpi_are_detected_as_jax_detects_them(monkeypatch):
+    """Our decision agrees with jax's own SlurmCluster / OmpiCluster on stand-in environments:
+    a step of several tasks (or ranks) is a job to join, a single task is not."""
+    from jax._src.clusters import OmpiCluster, SlurmCluster
+
+    ompi = {"OMPI_MCA_orte_hnp_uri": "1531576320.0;tcp://10.96.0.1:34911",
+            "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+    for env, kind, cluster, (count, rank) in [(slurm_env(1, 2, 77), "slurm", SlurmCluster, (2, 1)),
+                                               (ompi, "openmpi", OmpiCluster, (4, 3))]:
+        assert distributed.detect_cluster(env) == kind
+        with monkeypatch.context() as m:
+            for key in list(os.environ):
+                if key.startswith(("SLURM_", "OMPI_")):
+                    m.delenv(key)
+            for key, value in env.items():
+                m.setenv(key, value)
+            assert cluster.is_env_present()
+            assert (cluster.get_process_count(), cluster.get_process_id()) == (count, rank)
+    assert distributed.detect_cluster(slurm_env(0, 1, 77)) is None  # one task: one process
+    assert distributed.detect_cluster({**ompi, "OMPI_COMM_WORLD_SIZE": "1"}) is None
+    partial = {k: v for k, v in slurm_env(0, 2, 77).items() if k != "SLURM_STEP_NODELIST"}
+    assert distributed.detect_cluster(partial) is None  # salloc's shell, outside srun
+
+
+def test_two_slurm_tasks_join_one_job_on_their_own(tmp_path):
+    """Two processes with nothing but srun's variables (one node, localhost) join one jax job
+    through --multihost=auto's decision and jax's SLURM detection: 2 processes, ids 0 and 1,
+    rather than two independent single-process runs."""
+    probe = ("from gated_attention import distributed; import jax; "
+             "joined = distributed.initialize(None); "
+             "print(joined, jax.process_index(), jax.process_count(), flush=True)")
+    job = 4096 * 7 + (free_port() % 4096)  # the coordinator port jax derives from the job id
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("SLURM_", "OMPI_", "JAX_", "XLA_FLAGS"))}
+    procs = []
+    for task in range(2):
+        with open(tmp_path / f"worker{task}.out", "w") as out, \
+                open(tmp_path / f"worker{task}.err", "w") as err:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-c", probe], stdout=out, stderr=err, text=True,
+                env={**base, **slurm_env(task, 2, job), "JAX_PLATFORMS": "cpu",
+                     "PYTHONPATH": str(Path(__file__).parents[1])},
+                cwd=Path(__file__).parents[1]))
+    try:
+        for p in procs:
+            p.wait(timeout=120)
+    finally:
+        for p in procs:
+            p.kill()
+    outs = [(tmp_path / f"worker{i}.out").read_text().split() for i in range(2)]
+    assert [p.returncode for p in procs] == [0, 0], [
+        (tmp_path / f"worker{i}.err").read_text()[-2000:] for i in range(2)]
+    assert outs == [["True", "0", "2"], ["True", "1", "2"]]
