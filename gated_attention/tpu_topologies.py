@@ -75,13 +75,15 @@ GENERATIONS: dict[str, Generation] = {
                       megacore=True),
     "v6e": Generation("v6e", "v6e", 1, 2, 32 * GiB, "v2-alpha-tpuv6e",
                       (1, 4, 8, 16, 32, 64, 128, 256)),
+    # TPU7x (Ironwood, GKE only): 2 TensorCores per chip, each its own device; 192 GiB HBM.
+    "tpu7x": Generation("tpu7x", "tpu7x", 2, 3, 192 * GiB, "", _cube_counts(96)),
     "v3": Generation("v3", "v3", 2, 2, 32 * GiB, "tpu-ubuntu2204-base",
                      (4, 16, 32, 64, 128, 256, 512, 1024)),
     "v2": Generation("v2", "v2", 2, 2, 16 * GiB, "tpu-ubuntu2204-base",
                      (4, 16, 32, 64, 128, 256)),
 }
 _ALIASES = {"v5litepod": "v5e", "v5e": "v5e", "v5p": "v5p", "v6e": "v6e", "v4": "v4",
-            "v3": "v3", "v2": "v2"}
+            "v3": "v3", "v2": "v2", "tpu7x": "tpu7x"}
 
 
 class AcceleratorError(ValueError):
@@ -156,7 +158,7 @@ def _known_summary() -> str:
 
 def parse_accelerator(name: str) -> TpuSlice:
     """`v5p-64` -> TpuSlice(chips=32, topology "v5p:2x4x4"); also `v5e-16` for `v5litepod-16`."""
-    match = re.fullmatch(r"(v2|v3|v4|v5litepod|v5e|v5p|v6e)-(\d+)", name.strip())
+    match = re.fullmatch(r"(v2|v3|v4|v5litepod|v5e|v5p|v6e|tpu7x)-(\d+)", name.strip())
     generation = GENERATIONS[_ALIASES[match.group(1)]] if match else None
     units = int(match.group(2)) if match else 0
     chips, remainder = divmod(units, generation.cores_per_name_unit) if generation else (0, 1)

@@ -37,6 +37,8 @@ PUBLISHED = {
     "v4-8": "2x2x1", "v4-32": "2x2x4", "v5p-64": "2x4x4",
     # v3: 2-D torus, 2 cores per chip in the name
     "v3-8": "2x2", "v3-32": "4x4", "v3-2048": "32x32", "v2-512": "16x16",
+    # TPU7x (GKE only), named as xpk names it: TensorCores, 2 per chip
+    "tpu7x-8": "2x2x1", "tpu7x-128": "4x4x4", "tpu7x-12288": "16x16x24",
 }
 
 
@@ -83,10 +85,10 @@ libtpu = pytest.importorskip("libtpu", reason="libtpu (make install-test) compil
 
 
 @pytest.mark.parametrize("topology, devices", [
-    ("v4:4x4x12", 192), ("v5p:16x16x24", 6144), ("v3:4x4", 32)])
+    ("v4:4x4x12", 192), ("v5p:16x16x24", 6144), ("v3:4x4", 32), ("tpu7x:2x2x1", 8)])
 def test_libtpu_describes_the_new_shapes(topology, devices):
     """The deviceless compiler knows the shapes: one device per chip on v4 / v5p (megacore),
-    one per core on v3 (2 per chip)."""
+    one per core on v3 and TPU7x (2 per chip)."""
     from gated_attention import target_compile
 
     assert len(target_compile.tpu_devices(topology)) == devices

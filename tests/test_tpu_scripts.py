@@ -19,31 +19,35 @@ import pytest
 SCRIPTS = Path(__file__).resolve().parents[1] / "tpu_scripts"
 ALL = sorted(p.name for p in SCRIPTS.glob("*.sh"))
 SETTINGS = {"PROJECT": "my-proj", "ZONE": "us-central2-b", "BUCKET": "gs://bkt/ga",
-            "TPU_NAME": "ga-pod", "TPU_TYPE": "v4-32", "SPOT": "true", "QUEUED": "true"}
+            "TPU_NAME": "ga-pod", "TPU_TYPE": "v4-32", "SPOT": "true", "QUEUED": "true",
+            "GKE_CLUSTER": "my-gke"}
 LOCATION = ["--project=my-proj", "--zone=us-central2-b"]
 SCRIPT_ARGS = {"create.sh": [], "setup.sh": [], "teardown.sh": ["--yes"],
                "launch.sh": ["--name", "r1"], "logs.sh": ["--name", "r1"],
-               "launch_grid.sh": ["--grid", "experiments/grids/table1.py", "--name", "t1"]}
+               "launch_grid.sh": ["--grid", "experiments/grids/table1.py", "--name", "t1"],
+               "gke_launch.sh": ["--name", "r1"]}
 
 
 @pytest.fixture(autouse=True)
 def stand_ins(tmp_path_factory, monkeypatch):
-    """A recording `gcloud` first on PATH, and a recording Python for the pre-flight (it runs
-    experiments.run_grid and `-c` snippets for real: launch_grid plans the grid with it, setup
-    reads the jax version). Yields the folder
-    where they write: gcloud.log must never appear, python.log holds one line per call."""
+    """A recording `gcloud` (and `xpk`) first on PATH, and a recording Python for the
+    pre-flight (it runs experiments.run_grid and `-c` snippets for real: launch_grid plans the
+    grid with it, setup reads the jax version). Yields the folder where they write: gcloud.log
+    and xpk.log must never appear, python.log holds one line per call."""
     folder = tmp_path_factory.mktemp("stand_ins")
     (folder / "gcloud").write_text(f'#!/bin/sh\necho "$*" >> {folder}/gcloud.log\nexit 0\n')
+    (folder / "xpk").write_text(f'#!/bin/sh\necho "$*" >> {folder}/xpk.log\nexit 0\n')
     (folder / "python").write_text(
         "#!/bin/sh\n"
         f'case "$*" in *experiments.run_grid* | "-c "*) exec {sys.executable} "$@" ;; esac\n'
         f'echo "$*" >> {folder}/python.log\n')
-    for name in ("gcloud", "python"):
+    for name in ("gcloud", "xpk", "python"):
         (folder / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
     monkeypatch.setenv("GATED_ATTENTION_PYTHON", str(folder / "python"))
     yield folder
     assert not (folder / "gcloud.log").exists(), "a test called gcloud"
+    assert not (folder / "xpk.log").exists(), "a test called xpk"
 
 
 def preflight_calls(stand_ins):
@@ -482,3 +486,58 @@ def test_setup_mounts_the_bucket_with_gcsfuse_from_its_package_source(tmp_path):
     assert syntax.returncode == 0, syntax.stderr
     *_, plain = dry_run(tmp_path, "setup.sh")
     assert "gcsfuse" not in remote_command_text(plain)
+
+
+# ---------------------------------------------------------------- GKE through xpk
+
+def test_gke_launch_submits_an_xpk_workload_after_the_preflight(tmp_path, stand_ins):
+    """xpk 1.16's flags (checked against `xpk workload create --help`): the workload built from
+    the committed HEAD, N slices, JobSet restarts, and a command that installs the project
+    and runs main through the log wrapper; the same pre-flight as launch.sh first."""
+    lines = dry_run(tmp_path, "gke_launch.sh", "--name", "r1_big", "--", "--config.mesh."
+                    "dcn_data=2", TPU_TYPE="v5p-128", SLICES="2", MAX_RESTARTS="7",
+                    EXTRA_XPK_ARGS="(--priority=high)")
+    *prepare, xpk = lines
+    source_dir = "/".join([os.environ.get("TMPDIR", "/tmp").rstrip("/"),
+                           "gated_attention-xpk-ga-pod-r1-big"])
+    assert prepare[2][3:] == ["archive", "--format=tar", f"--output={source_dir}.tar", "HEAD"]
+    assert prepare[3] == ["tar", "-xf", f"{source_dir}.tar", "-C", source_dir]
+    assert xpk[:14] == [
+        "xpk", "workload", "create", "--cluster=my-gke", "--project=my-proj",
+        "--zone=us-central2-b", "--workload=ga-pod-r1-big", "--tpu-type=v5p-128",
+        "--num-slices=2", "--max-restarts=7", "--base-docker-image=python:3.11",
+        f"--script-dir={source_dir}", "--spot", "--priority=high"]
+    command = xpk[14].removeprefix("--command=")
+    words = shlex.split(command)
+    assert words[:6] == ["pip", "install", "-q", "-e", ".[gcs]", f"jax[tpu]=={jax.__version__}"]
+    start = words.index("gated_attention.pods.worker_log")
+    assert words[start + 1:start + 13] == [
+        "--dest", "gs://bkt/ga/runs/r1_big/logs", "--name",
+        "slice-${MEGASCALE_SLICE_ID:-0}-worker-${TPU_WORKER_ID:-0}.log", "--", "python", "-m",
+        "gated_attention.main", "--config=configs/ablation.py:arch=tiny,variant=baseline",
+        "--workdir=gs://bkt/ga/runs/r1_big", "--progress=false", "--config.mesh.dcn_data=2"]
+    # the container's shell names each worker's log from GKE's variables
+    echo = subprocess.run(["bash", "-c", command.replace("pip install", "echo", 1).replace(
+        "python -m", "echo", 1)], capture_output=True, text=True, timeout=30,
+        env={**os.environ, "MEGASCALE_SLICE_ID": "1", "TPU_WORKER_ID": "3"})
+    assert "--name slice-1-worker-3.log" in echo.stdout, echo.stderr
+    assert preflight_calls(stand_ins) == [[
+        "-m", "gated_attention.preflight", "--config=configs/ablation.py:arch=tiny,variant="
+        "baseline", "--accelerator=v5p-128", "--config.mesh.dcn_data=2", "--slices=2"]]
+
+
+def test_gke_launch_refuses_bad_settings_and_skips_the_preflight_when_asked(tmp_path, stand_ins):
+    settings = str(write_settings(tmp_path, GKE_CLUSTER=None))
+    missing = run("gke_launch.sh", "--name", "r1", "--config", settings, "--dry-run")
+    assert missing.returncode == 2 and "GKE_CLUSTER is not set" in missing.stderr
+    long_name = run("gke_launch.sh", "--name", "x" * 40, "--config",
+                    str(write_settings(tmp_path)), "--dry-run")
+    assert long_name.returncode == 2 and "under 40 characters, as xpk requires" in long_name.stderr
+    forced = run("gke_launch.sh", "--name", "r1", "--no-preflight", "--config",
+                 str(write_settings(tmp_path, TPU_TYPE="tpu7x-8", SPOT="false")), "--dry-run")
+    assert forced.returncode == 0, forced.stderr
+    assert "--tpu-type=tpu7x-8" in forced.stdout and preflight_calls(stand_ins) == []
+    # TPU7x on GCE: refused before any gcloud call, pointing to the GKE path
+    gce = run("create.sh", "--config", str(write_settings(tmp_path, TPU_TYPE="tpu7x-8")),
+              "--dry-run")
+    assert gce.returncode == 2 and "offered on GKE only" in gce.stderr and gce.stdout == ""

@@ -135,6 +135,8 @@ runtime_for_type() {
 # image documented for another generation is refused.
 resolve_runtime_version() {
   local expected known
+  [[ "$TPU_TYPE" != tpu7x-* ]] || die "TPU_TYPE=$TPU_TYPE in $CONFIG_FILE: TPU7x (Ironwood) is" \
+    "offered on GKE only; launch on it with tpu_scripts/gke_launch.sh"
   expected="$(runtime_for_type "$TPU_TYPE")" ||
     die "TPU_TYPE=$TPU_TYPE in $CONFIG_FILE: no runtime image known for it; set RUNTIME_VERSION"
   if [[ -z "${RUNTIME_VERSION:-}" ]]; then
@@ -175,9 +177,9 @@ require() {
   if [[ " $* " == *" BUCKET "* && "$BUCKET" != gs://* ]]; then
     die "BUCKET=$BUCKET in $CONFIG_FILE must be a gs:// path every TPU worker can write"
   fi
-  if [[ " $* " == *" TPU_TYPE "* && ! "$TPU_TYPE" =~ ^v[0-9][a-z0-9]*-[0-9]+$ ]]; then
+  if [[ " $* " == *" TPU_TYPE "* && ! "$TPU_TYPE" =~ ^(v|tpu)[0-9][a-z0-9]*-[0-9]+$ ]]; then
     die "TPU_TYPE=$TPU_TYPE in $CONFIG_FILE is not an accelerator type such as v4-32," \
-      "v5litepod-8, v5p-16 or v6e-16"
+      "v5litepod-8, v5p-16, v6e-16 or tpu7x-8"
   fi
 }
 
