@@ -509,7 +509,8 @@ def test_gke_launch_submits_an_xpk_workload_after_the_preflight(tmp_path, stand_
         f"--script-dir={source_dir}", "--spot", "--priority=high"]
     command = xpk[14].removeprefix("--command=")
     words = shlex.split(command)
-    assert words[:6] == ["pip", "install", "-q", "-e", ".[gcs]", f"jax[tpu]=={jax.__version__}"]
+    assert words[:9] == ["export", "MEGASCALE_NUM_SLICES=2", "&&", "pip", "install", "-q", "-e",
+                         ".[gcs]", f"jax[tpu]=={jax.__version__}"]
     start = words.index("gated_attention.pods.worker_log")
     assert words[start + 1:start + 13] == [
         "--dest", "gs://bkt/ga/runs/r1_big/logs", "--name",

@@ -51,11 +51,15 @@ fi
 workdir="${BUCKET%/}/runs/$FLAG_name"
 main="python -m gated_attention.main --config=$config"
 main+=" --workdir=$(printf '%q' "$workdir") --progress=false$(quoted_passthrough)"
-# GKE sets TPU_WORKER_ID in every pod (and, with several slices, MEGASCALE_SLICE_ID):
-# --multihost=auto finds the slice from GKE's variables.
+# GKE sets TPU_WORKER_ID and TPU_WORKER_HOSTNAMES in every pod (and, with several slices,
+# MEGASCALE_SLICE_ID): --multihost=auto joins the other pods from GKE's variables.
 # shellcheck disable=SC2016  # expanded by the container's shell, not here
 logname='slice-${MEGASCALE_SLICE_ID:-0}-worker-${TPU_WORKER_ID:-0}.log'
-command="pip install -q -e '.[gcs${EXTRAS:+,$EXTRAS}]' 'jax[tpu]==$JAX_VERSION'"
+command=""
+# Several slices: GKE gives every pod its slice's coordinator and id; the slice count is
+# exported here, as Google's MaxText recipes for xpk do.
+((SLICES == 1)) || command="export MEGASCALE_NUM_SLICES=$SLICES && "
+command+="pip install -q -e '.[gcs${EXTRAS:+,$EXTRAS}]' 'jax[tpu]==$JAX_VERSION'"
 command+=" && python -m gated_attention.pods.worker_log --dest $(printf '%q' "$workdir/logs")"
 command+=" --name \"$logname\" -- $main"
 
