@@ -111,12 +111,16 @@ def test_preflight_compiles_the_tiny_config_for_two_slices(tmp_path):
               "--config=configs/ablation.py:arch=tiny,variant=baseline",
               "--accelerator=v5litepod-4", "--slices=2", "--steps=train",
               "--config.data.seq_len=64", "--config.train.batch_size=8"]
-    refused = subprocess.run(common, capture_output=True, text=True, cwd=ROOT, env=env,
-                             timeout=300)
-    assert refused.returncode == 1
-    assert refused.stderr.strip().splitlines()[-1] == (
-        "Pre-flight error: --slices=2 needs mesh.dcn_* sizes that multiply to 2 (e.g. "
-        "--config.mesh.dcn_data=2); the config spans 1 slice(s) (none set)")
+    from gated_attention import config_lib, preflight
+
+    config = config_lib.base_config("tiny", "baseline")
+    with pytest.raises(ValueError, match=r"^--slices=2 needs mesh.dcn_\* sizes that multiply "
+                       r"to 2 \(e.g. --config.mesh.dcn_data=2\); the config spans 1 slice\(s\) "
+                       r"\(none set\)$"):
+        preflight.preflight(config, parse_accelerator("v5litepod-4"), num_slices=2)
+    config.mesh.dcn_data = 4
+    with pytest.raises(ValueError, match=r"spans 4 slice\(s\) \(mesh.dcn_data=4\)"):
+        preflight.check_slices(config, 2)
     result = subprocess.run([*common, "--config.mesh.dcn_data=2", "--json"], capture_output=True,
                             text=True, cwd=ROOT, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
