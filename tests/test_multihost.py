@@ -174,7 +174,8 @@ class _MetadataServer:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = (f"http://127.0.0.1:{self.server.server_address[1]}/computeMetadata/v1/"
                     "instance/attributes")
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
 
     def close(self):
         self.server.shutdown()
