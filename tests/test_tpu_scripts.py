@@ -539,6 +539,7 @@ def test_gke_launch_refuses_bad_settings_and_skips_the_preflight_when_asked(tmp_
     assert forced.returncode == 0, forced.stderr
     assert "--tpu-type=tpu7x-8" in forced.stdout and preflight_calls(stand_ins) == []
     # TPU7x on GCE: refused before any gcloud call, pointing to the GKE path
-    gce = run("create.sh", "--config", str(write_settings(tmp_path, TPU_TYPE="tpu7x-8")),
-              "--dry-run")
-    assert gce.returncode == 2 and "offered on GKE only" in gce.stderr and gce.stdout == ""
+    for script in ("create.sh", "launch.sh"):
+        gce = run(script, *SCRIPT_ARGS[script], "--config",
+                  str(write_settings(tmp_path, TPU_TYPE="tpu7x-8")), "--dry-run")
+        assert gce.returncode == 2 and "offered on GKE only" in gce.stderr and gce.stdout == ""

@@ -131,12 +131,17 @@ runtime_for_type() {
   esac
 }
 
+# TPU7x (Ironwood) has no TPU VMs: Google offers it on GKE only.
+refuse_gke_only_type() {
+  [[ "$TPU_TYPE" != tpu7x-* ]] || die "TPU_TYPE=$TPU_TYPE in $CONFIG_FILE: TPU7x (Ironwood) is" \
+    "offered on GKE only; launch on it with tpu_scripts/gke_launch.sh"
+}
+
 # RUNTIME_VERSION from pod.env, else the documented image for TPU_TYPE's generation; an
 # image documented for another generation is refused.
 resolve_runtime_version() {
   local expected known
-  [[ "$TPU_TYPE" != tpu7x-* ]] || die "TPU_TYPE=$TPU_TYPE in $CONFIG_FILE: TPU7x (Ironwood) is" \
-    "offered on GKE only; launch on it with tpu_scripts/gke_launch.sh"
+  refuse_gke_only_type
   expected="$(runtime_for_type "$TPU_TYPE")" ||
     die "TPU_TYPE=$TPU_TYPE in $CONFIG_FILE: no runtime image known for it; set RUNTIME_VERSION"
   if [[ -z "${RUNTIME_VERSION:-}" ]]; then

@@ -19,6 +19,7 @@ FLAG_name="" FLAG_arch="tiny" FLAG_variant="baseline" FLAG_no_preflight=0
 parse_flags name arch variant no-preflight!
 load_settings
 require BUCKET TPU_TYPE
+refuse_gke_only_type
 check_name --name "$FLAG_name"
 [[ "$FLAG_arch$FLAG_variant" =~ ^[A-Za-z0-9._-]+$ ]] ||
   die "--arch and --variant may only hold letters, digits, '.', '-' and '_'"
