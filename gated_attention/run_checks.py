@@ -20,6 +20,7 @@ from typing import Any
 
 from gated_attention import config_lib, paths
 from gated_attention.config_lib import ConfigError
+from gated_attention.data.tokenizer import TOKENIZER_FILE, SentencePieceTokenizer
 
 LOCAL_SOURCES = ("cpython_docs", "python_source", "files")
 # SentencePiece's own words when a corpus has fewer pieces than asked for.
@@ -27,20 +28,25 @@ _TOO_MANY_PIECES = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set 
                               r"<= (\d+)")
 
 
-def check_run(config: Any, workdir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+def check_run(config: Any, workdir: str | os.PathLike[str] | None = None, *,
+              inputs: bool = True) -> dict[str, Any]:
     """Raise ConfigError (one line, naming the field) if the run cannot get to its first step;
     returns what was found (tokenizer, training tokens, epochs) for a report.
 
     `workdir`: the run's folder, when resuming; its saved tokenizer is then the one used.
+    `inputs=False` checks the tokenizer alone (what `main` asks before training, which then
+    checks the held-out split and the epoch budget itself, after the workdir).
     """
     data, vocab = config.data, int(config.model.vocab_size)
     saved = _saved_tokenizer(config, workdir)
     if saved is not None:
-        _check_vocab(saved, vocab, f"the tokenizer saved in {workdir}")
+        saved_vocab = SentencePieceTokenizer(saved).vocab_size
+        _check_vocab(saved_vocab, vocab, f"the tokenizer saved in {workdir} (by the run there; "
+                     "--overwrite moves it aside)")
         if data.source not in LOCAL_SOURCES:
-            return {"tokenizer_vocab": saved}
+            return {"tokenizer_vocab": saved_vocab}
     if data.source in LOCAL_SOURCES:
-        return _check_local(config, vocab)
+        return _check_local(config, vocab, saved, inputs)
     if data.tokenizer_path and data.tokenizer in ("sentencepiece", "byte"):
         from gated_attention.data.inputs import stream_tokenizer
 
@@ -54,11 +60,18 @@ def check_run(config: Any, workdir: str | os.PathLike[str] | None = None) -> dic
     return {}
 
 
-def _check_local(config: Any, vocab: int) -> dict[str, Any]:
+def _check_local(config: Any, vocab: int, saved: Any, inputs: bool) -> dict[str, Any]:
+    import ml_collections
+
     from gated_attention.data import pipeline
 
     data = config.data
+    if saved is not None:  # a resumed run reads its own tokenizer: nothing to train
+        data = ml_collections.ConfigDict(data.to_dict())
+        data.tokenizer_path = os.fspath(saved)
     try:
+        if not inputs:
+            return {"tokenizer_vocab": _local_tokenizer(data, vocab).vocab_size}
         local = pipeline.load_local_data(data, vocab)
     except RuntimeError as err:  # SentencePiece's trainer
         raise ConfigError(_tokenizer_error(config, str(err))) from None
@@ -69,14 +82,35 @@ def _check_local(config: Any, vocab: int) -> dict[str, Any]:
         if data.source != "files" and not data.tokenizer_path:
             field = "model.vocab_size"
         raise ConfigError(_one_line(f"{field}: {err}")) from None
-    held_out = local.summary["held_out"]["documents"]
-    if config.train.eval_every and not held_out:
-        raise ConfigError(f"data.eval_fraction={data.eval_fraction} holds out no document of "
-                          f"data.source={data.source!r} ({local.summary['corpus']['documents']}"
-                          " documents); raise it, add documents, or set train.eval_every=0")
+    # The checks training makes once its inputs are built, in its order and words.
+    train, seq_len = config.train, data.seq_len
+    held_out = local.summary["held_out"]["tokens"]
+    if train.eval_batches and held_out < seq_len + 1:
+        raise ConfigError(f"data.seq_len={seq_len} is longer than the whole held-out split "
+                          f"({held_out} tokens): lower data.seq_len, raise data.eval_fraction, "
+                          "or set train.eval_batches=0")
+    if train.eval_batches:
+        try:  # one held-out batch can be filled
+            pipeline.eval_batches(local, data, train.batch_size, 1)
+        except ValueError as err:
+            raise ConfigError(_one_line(f"data: {err}")) from None
     epochs = config_lib.check_epochs(config, local.summary)
     return {"tokenizer_vocab": local.tokenizer.vocab_size,
             "train_tokens": local.summary["train"]["tokens"], "epochs": epochs}
+
+
+def _local_tokenizer(data: Any, vocab: int) -> Any:
+    """The tokenizer a run on a local source starts from (trained into the cache if new)."""
+    from gated_attention.data import corpus
+    from gated_attention.data.tokenizer import get_tokenizer
+
+    documents = corpus.load_documents(data.source, paths=data.paths, text_key=data.text_key,
+                                      cache_dir=data.cache_dir)
+    train_docs, _ = corpus.split_documents(documents, data.eval_fraction)
+    return get_tokenizer(data.tokenizer, vocab, train_docs, cache_dir=data.cache_dir,
+                         model_type=data.sp_model_type,
+                         input_sentence_size=data.sp_input_sentence_size,
+                         model_path=data.get("tokenizer_path", ""))
 
 
 def _tokenizer_error(config: Any, message: str) -> str:
@@ -92,16 +126,12 @@ def _tokenizer_error(config: Any, message: str) -> str:
                      f"data.source={data.source!r} with model.vocab_size={vocab}: {message}")
 
 
-def _saved_tokenizer(config: Any, workdir: str | os.PathLike[str] | None) -> int | None:
-    """The vocabulary size of the SentencePiece tokenizer a resumed run reads, if any."""
+def _saved_tokenizer(config: Any, workdir: str | os.PathLike[str] | None) -> Any:
+    """The SentencePiece tokenizer file a resumed run reads, if there is one."""
     if workdir is None or config.data.tokenizer != "sentencepiece":
         return None
-    from gated_attention.data.tokenizer import TOKENIZER_FILE, SentencePieceTokenizer
-
     path = paths.resolve(workdir) / TOKENIZER_FILE
-    if not path.exists():
-        return None
-    return SentencePieceTokenizer(path).vocab_size
+    return path if path.exists() else None
 
 
 def _check_vocab(found: int, vocab: int, what: str) -> None:

@@ -122,9 +122,15 @@ def test_a_resumed_run_is_checked_against_its_saved_tokenizer(tmp_path):
     (workdir / "tokenizer.model").write_bytes(train_sp(tmp_path, corpus, 650).read_bytes())
     config = files_config(tmp_path, corpus)
     with pytest.raises(ConfigError, match=r"^model\.vocab_size=700 disagrees with the tokenizer "
-                                          r"saved in .*run, which has 650 tokens"):
+                                          r"saved in .*run \(by the run there; --overwrite "
+                                          r"moves it aside\), which has 650 tokens"):
         run_checks.check_run(config, workdir)
     assert sorted(p.name for p in workdir.iterdir()) == ["tokenizer.model"]  # nothing written
+    # With the model's size, the saved tokenizer is the one read: nothing is trained.
+    (workdir / "tokenizer.model").write_bytes(train_sp(tmp_path, corpus, 700).read_bytes())
+    assert run_checks.check_run(config, workdir)["tokenizer_vocab"] == 700
+    assert not list((tmp_path / "cache").glob("tokenizers/sp-*.model"))
+    assert sorted(p.name for p in workdir.iterdir()) == ["tokenizer.model"]
 
 
 def test_data_problems_name_their_field(tmp_path):
@@ -138,3 +144,27 @@ def test_data_problems_name_their_field(tmp_path):
     with pytest.raises(ConfigError, match=r"^train\.steps=100000 x train\.batch_size=4 x "
                                           r"data\.seq_len=64 = .* more than data\.max_epochs"):
         run_checks.check_run(config)
+
+
+def test_main_refuses_a_tokenizer_it_cannot_build_before_touching_the_workdir(tmp_path,
+                                                                             monkeypatch):
+    import sys
+
+    from absl import flags
+
+    from gated_attention import main
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", texts(6, 200))
+    argv = ["main", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
+            "--progress=false", "--multihost=no", "--config.data.source=files",
+            f"--config.data.paths={corpus}", "--config.model.vocab_size=5000",
+            f"--config.data.cache_dir={tmp_path / 'cache'}"]
+    monkeypatch.setattr(sys, "argv", argv)  # ml_collections reads overrides from sys.argv
+    monkeypatch.chdir(CONFIGS.parent)
+    flag_values = main.define_flags(flags.FlagValues())
+    with pytest.raises(SystemExit) as stop:
+        main.main(main.parse_flags(argv, flag_values), flag_values)
+    assert re.fullmatch(r"Config error: model\.vocab_size=5000 is more pieces than a "
+                        r"SentencePiece bpe tokenizer can learn from data\.source='files' "
+                        r"\(at most \d+\); .*", str(stop.value.code)), stop.value.code
+    assert not (tmp_path / "run").exists()
