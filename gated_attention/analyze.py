@@ -62,9 +62,9 @@ def prompt_tokens(tokenizer: Any, prompt: str, add_bos: bool) -> tuple[list[int]
     ids = [int(i) for i in tokenizer.encode([prompt])[0]][:MAX_PROMPT_TOKENS]
     if add_bos:
         ids = [int(tokenizer.bos_id)] + ids[:MAX_PROMPT_TOKENS - 1]
-    labels = ["<bos>" if i == tokenizer.bos_id and add_bos and n == 0
-              else tokenizer.decode([i]) for n, i in enumerate(ids)]
-    return ids, labels
+    from gated_attention.analysis.plots import token_labels
+
+    return ids, token_labels(tokenizer, ids)
 
 
 def default_layers(num_layers: int) -> list[int]:

@@ -126,3 +126,61 @@ def test_a_cpu_run_keeps_libtpu_out_and_tpu_targets_still_compile():
     for noise in ("Failed to find host bounds", "unexpected worker hostname",
                   "Source Location Trace", "libtpu"):
         assert noise not in before_compile, before_compile
+
+
+def test_token_labels_show_special_and_whitespace_pieces():
+    from gated_attention.analysis.plots import token_labels
+    from gated_attention.data.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    ids = [tok.bos_id, *tok.encode(["a b\n\t"])[0], tok.eos_id, tok.pad_id]
+    # Hand-written: BOS, "a", a space, "b", a newline, a tab, EOS, pad.
+    assert token_labels(tok, ids) == ["<bos>", "a", "\u2423", "b", "\u21b5", "\u21e5", "<eos>",
+                                      "<pad>"]
+
+    class Silent:  # a tokenizer whose piece decodes to nothing (no special ids)
+        def decode(self, ids):
+            return ""
+
+    assert token_labels(Silent(), [934]) == ["<934>"]
+
+
+def test_a_log_axis_over_one_decade_has_plain_labels_at_1_2_5():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gated_attention.analysis.plots import log_axis
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1, 2, 3], [5.3, 16.1, 8.0, 6.2])  # M-Act of the demo's two models
+    log_axis(ax)
+    fig.canvas.draw()
+    low, high = ax.get_ylim()
+    shown = [(t.get_loc(), t.label1.get_text()) for t in ax.yaxis.get_major_ticks()
+             if low <= t.get_loc() <= high]
+    plt.close(fig)
+    # Within the limits (about 5.0 to 17.0): 6, 7, 8, 9, 10, each labelled as its value.
+    assert [label for _, label in shown] == ["6", "7", "8", "9", "10"]
+    assert all(label == f"{loc:g}" for loc, label in shown)
+
+
+def test_the_inspect_notebook_finds_a_run_in_the_folder_make_demo_writes(tmp_path, capsys):
+    import nbformat
+
+    book = nbformat.read(ROOT / "notebooks" / "inspect_model.ipynb", as_version=4)
+    assert 'os.environ.get("RUN_DIR", "runs/demo/g1_sdpa_elementwise")' in book.cells[1].source
+    code = book.cells[2].source
+    functions = code[code.index("def repository_root"):code.index("\nif HF_DIR:")]
+    scope = {"os": os, "pathlib": __import__("pathlib")}
+    exec(functions, scope)  # noqa: S102 - the notebook's own helpers
+    for name in ("baseline", "g1_sdpa_elementwise"):
+        (tmp_path / "demo" / name).mkdir(parents=True)
+        (tmp_path / "demo" / name / "config.json").write_text("{}")
+    (tmp_path / "demo" / "sinks" / "baseline").mkdir(parents=True)
+    assert scope["run_folder"](str(tmp_path / "demo" / "baseline")).endswith("demo/baseline")
+    assert scope["run_folder"](str(tmp_path / "demo")).endswith("demo/g1_sdpa_elementwise")
+    assert "holds 2 runs (baseline, g1_sdpa_elementwise)" in capsys.readouterr().out
+    with pytest.raises(FileNotFoundError, match="holds no run"):
+        scope["run_folder"](str(tmp_path / "demo" / "sinks" / "baseline"))
