@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from absl import app, flags
+from absl import app, flags, logging
 from etils import epath
 
 from gated_attention import paths
@@ -225,6 +225,7 @@ def _define_flags() -> None:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
     FLAGS = flags.FLAGS
     try:
         layers = None if FLAGS.layers is None else [int(x) for x in FLAGS.layers]
@@ -243,8 +244,25 @@ def main(argv: list[str]) -> None:
           f"(query 0 {'excluded' if result['exclude_first_query'] else 'included'}), "
           f"sink rate {result['sink_rate']:.2f}, M-Act {result['massive_activation']:.1f}, "
           f"gate {'-' if gate is None else f'{gate:.3f}'}"
-          + (f", held-out PPL {result['perplexity']:.2f}" if "perplexity" in result else "")
+          + perplexity_note(result)
           + f". Written to {paths.resolve(result['workdir']) / ANALYSIS_DIR}")
+
+
+def perplexity_note(result: dict[str, Any]) -> str:
+    """The held-out perplexity of the analysis, with why it differs from training's last eval:
+    the two measure different held-out tokens (analysis windows vs the packed eval batches)."""
+    if "perplexity" not in result:
+        return ""
+    note = (f", held-out PPL {result['perplexity']:.2f} on {result['data']} "
+            f"({result.get('loss_tokens', '?')} tokens)")
+    path = paths.resolve(result["workdir"]) / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else {}
+    evaluation = summary.get("eval") or {}
+    if "perplexity" in evaluation:
+        note += (f"; training's last eval (step {summary.get('steps', '?')}), "
+                 f"{evaluation['perplexity']:.2f}, measured other held-out tokens "
+                 "(train.eval_batches packed batches of train.batch_size)")
+    return note
 
 
 if __name__ == "__main__":

@@ -184,3 +184,33 @@ def test_the_inspect_notebook_finds_a_run_in_the_folder_make_demo_writes(tmp_pat
     assert "holds 2 runs (baseline, g1_sdpa_elementwise)" in capsys.readouterr().out
     with pytest.raises(FileNotFoundError, match="holds no run"):
         scope["run_folder"](str(tmp_path / "demo" / "sinks" / "baseline"))
+
+
+def test_analyze_says_why_its_perplexity_is_not_trainings(tmp_path):
+    from gated_attention.analyze import perplexity_note
+
+    (tmp_path / "summary.json").write_text(json.dumps({"steps": 300, "eval": {
+        "loss": 3.676, "perplexity": 39.5}}))
+    result = {"workdir": str(tmp_path), "perplexity": 37.0812, "loss_tokens": 4096,
+              "data": "held-out windows, one chunk per row from position 0"}
+    assert perplexity_note(result) == (
+        ", held-out PPL 37.08 on held-out windows, one chunk per row from position 0 (4096 "
+        "tokens); training's last eval (step 300), 39.50, measured other held-out tokens "
+        "(train.eval_batches packed batches of train.batch_size)")
+    (tmp_path / "summary.json").unlink()
+    assert perplexity_note(result).endswith("(4096 tokens)")
+    assert perplexity_note({"workdir": str(tmp_path)}) == ""
+
+
+def test_the_demos_parallel_lines_say_which_run_they_come_from(tmp_path, capsys):
+    from gated_attention import demo
+
+    commands = [[sys.executable, "-c", f"import sys; print('step 10/100 loss {n}'); "
+                 f"print('warned', file=sys.stderr)", f"--workdir={tmp_path}/demo/{name}"]
+                for n, name in ((5.1, "baseline"), (4.9, "g1_sdpa_elementwise"))]
+    demo.run_commands(commands, parallel=True)
+    out, err = capsys.readouterr()
+    assert sorted(out.splitlines()) == ["[demo/baseline] step 10/100 loss 5.1",
+                                        "[demo/g1_sdpa_elementwise] step 10/100 loss 4.9"]
+    assert sorted(err.splitlines()) == ["[demo/baseline] warned",
+                                        "[demo/g1_sdpa_elementwise] warned"]
