@@ -67,16 +67,16 @@ def test_a_small_corpus_with_a_vocabulary_it_cannot_fill_is_refused(tmp_path):
 
     import sentencepiece as spm
 
-    corpus = texts(6, 200)
-    config = files_config(tmp_path, corpus, vocab_size=5000)
-    with pytest.raises(ConfigError, match=r"^model\.vocab_size=5000 is more pieces than a "
+    corpus = texts(40, 200)  # 8,000 characters: a few thousand pieces at most
+    config = files_config(tmp_path, corpus, vocab_size=20000)
+    with pytest.raises(ConfigError, match=r"^model\.vocab_size=20000 is more pieces than a "
                                           r"SentencePiece bpe tokenizer can learn from "
                                           r"data\.source='files' \(at most (\d+)\)"):
         run_checks.check_run(config)
     # SentencePiece's own trainer, called directly, refuses the same size.
     with pytest.raises(RuntimeError, match="Vocabulary size too high"):
         spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus), model_writer=io.BytesIO(),
-            vocab_size=5000, model_type="bpe", byte_fallback=True,
+            vocab_size=20000, model_type="bpe", byte_fallback=True,
             minloglevel=2)
 
 
@@ -154,17 +154,18 @@ def test_main_refuses_a_tokenizer_it_cannot_build_before_touching_the_workdir(tm
 
     from gated_attention import main
 
-    corpus = write_jsonl(tmp_path / "c.jsonl", texts(6, 200))
+    corpus = write_jsonl(tmp_path / "c.jsonl", texts(40, 200))
     argv = ["main", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
             "--progress=false", "--multihost=no", "--config.data.source=files",
-            f"--config.data.paths={corpus}", "--config.model.vocab_size=5000",
+            f"--config.data.paths={corpus}", "--config.model.vocab_size=20000",
+            "--config.data.eval_fraction=0.25",
             f"--config.data.cache_dir={tmp_path / 'cache'}"]
     monkeypatch.setattr(sys, "argv", argv)  # ml_collections reads overrides from sys.argv
     monkeypatch.chdir(CONFIGS.parent)
     flag_values = main.define_flags(flags.FlagValues())
     with pytest.raises(SystemExit) as stop:
         main.main(main.parse_flags(argv, flag_values), flag_values)
-    assert re.fullmatch(r"Config error: model\.vocab_size=5000 is more pieces than a "
+    assert re.fullmatch(r"Config error: model\.vocab_size=20000 is more pieces than a "
                         r"SentencePiece bpe tokenizer can learn from data\.source='files' "
                         r"\(at most \d+\); .*", str(stop.value.code)), stop.value.code
     assert not (tmp_path / "run").exists()
