@@ -4,9 +4,14 @@
 
 arch: tiny, small, dense_1p7b_28l, dense_1p7b_48l, moe_15a2b, tiny_moe, small_moe.
 variant: any name in gated_attention.variants.VARIANTS (the paper's table row names).
+Each arch trains with its own defaults (config_lib.ARCH_TRAINING), the same whichever file
+in configs/ builds it.
 """
 
 from gated_attention.config_lib import base_config, parse_config_string
+
+# Fields this file sets beyond its arch's defaults: none.
+OWN_FIELDS: tuple[str, ...] = ()
 
 
 def get_config(arg: str | None = None):

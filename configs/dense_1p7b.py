@@ -9,24 +9,21 @@ gated_attention.variants.VARIANTS. Recipe: sequences of 4096 tokens in bfloat16,
 them a step (4M tokens), AdamW to a peak learning rate of 4e-3, 400B tokens; a gated model's
 FFN is narrowed so it has the baseline's parameter count. Weights are sharded over every
 chip (FSDP). `python -m gated_attention.inspect` with this config prints the memory per chip.
+The recipe is the arch's own default (config_lib.ARCH_TRAINING); this file adds the narrowed
+FFN of gated models, so configs/ablation.py:arch=dense_1p7b_28l is the same run with the
+gate's parameters on top.
 """
 
 from gated_attention.config_lib import family_config
 
 ARCHS = ("dense_1p7b_28l", "dense_1p7b_48l")
+# Fields this file sets beyond its arch's defaults.
+OWN_FIELDS = ("model.narrow_ffn_to_match_baseline",)
 
 
 def get_config(arg=None):
     config = family_config(arg, ARCHS)
     config.model.narrow_ffn_to_match_baseline = config.variant != "baseline"
-    config.model.remat = "dots_with_no_batch_dims_saveable"
-    config.train.batch_size = 1024
-    config.train.steps = 95_000  # 400B tokens at 4M tokens a step
-    config.train.eval_every = 1_000
-    config.train.checkpoint_every = 1_000
-    config.optimizer.peak_lr = 4e-3
-    config.optimizer.warmup_steps = 1_000
-    config.mesh.data, config.mesh.fsdp = 1, -1
     # The paper's corpus is not public; C4 through seqio is a common stand-in (docs/data.md):
     # config.data.source = "seqio"
     # config.data.tokenizer_path = "gs://my-bucket/spm/c4_151936.model"

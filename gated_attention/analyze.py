@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from absl import app, flags
+from absl import app, flags, logging
 from etils import epath
 
 from gated_attention import paths
@@ -62,9 +62,9 @@ def prompt_tokens(tokenizer: Any, prompt: str, add_bos: bool) -> tuple[list[int]
     ids = [int(i) for i in tokenizer.encode([prompt])[0]][:MAX_PROMPT_TOKENS]
     if add_bos:
         ids = [int(tokenizer.bos_id)] + ids[:MAX_PROMPT_TOKENS - 1]
-    labels = ["<bos>" if i == tokenizer.bos_id and add_bos and n == 0
-              else tokenizer.decode([i]) for n, i in enumerate(ids)]
-    return ids, labels
+    from gated_attention.analysis.plots import token_labels
+
+    return ids, token_labels(tokenizer, ids)
 
 
 def default_layers(num_layers: int) -> list[int]:
@@ -225,6 +225,7 @@ def _define_flags() -> None:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
     FLAGS = flags.FLAGS
     try:
         layers = None if FLAGS.layers is None else [int(x) for x in FLAGS.layers]
@@ -243,8 +244,25 @@ def main(argv: list[str]) -> None:
           f"(query 0 {'excluded' if result['exclude_first_query'] else 'included'}), "
           f"sink rate {result['sink_rate']:.2f}, M-Act {result['massive_activation']:.1f}, "
           f"gate {'-' if gate is None else f'{gate:.3f}'}"
-          + (f", held-out PPL {result['perplexity']:.2f}" if "perplexity" in result else "")
+          + perplexity_note(result)
           + f". Written to {paths.resolve(result['workdir']) / ANALYSIS_DIR}")
+
+
+def perplexity_note(result: dict[str, Any]) -> str:
+    """The held-out perplexity of the analysis, with why it differs from training's last eval:
+    the two measure different held-out tokens (analysis windows vs the packed eval batches)."""
+    if "perplexity" not in result:
+        return ""
+    note = (f", held-out PPL {result['perplexity']:.2f} on {result['data']} "
+            f"({result.get('loss_tokens', '?')} tokens)")
+    path = paths.resolve(result["workdir"]) / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else {}
+    evaluation = summary.get("eval") or {}
+    if "perplexity" in evaluation:
+        note += (f"; training's last eval (step {summary.get('steps', '?')}), "
+                 f"{evaluation['perplexity']:.2f}, measured other held-out tokens "
+                 "(train.eval_batches packed batches of train.batch_size)")
+    return note
 
 
 if __name__ == "__main__":

@@ -172,6 +172,36 @@ ARCH_RUN_DEFAULTS: dict[str, dict[str, Any]] = {
     "sink_tiny": dict(seq_len=64, dtype="float32", source="bigram_backcopy"),
     "passkey_tiny": dict(seq_len=256, dtype="float32", source="passkey", tokenizer="byte"),
 }
+# How each arch trains unless told otherwise ("section.field": value, applied by
+# base_config), so an arch name means one run whichever config file builds it
+# (configs/tiny.py, configs/ablation.py, a table's file). Fields not named keep the section
+# defaults (train_section, optimizer_section).
+_CPU_MINUTES = {  # a run on a CPU in minutes, with a checkpoint and an eval every 100 steps
+    "train.steps": 300, "train.batch_size": 16, "train.eval_every": 100,
+    "train.checkpoint_every": 100, "optimizer.warmup_steps": 30,
+}
+_PAPER_SCALE = {  # FSDP over every chip, 1024 sequences a step, warm-up over 1,000 steps
+    "model.remat": "dots_with_no_batch_dims_saveable", "train.batch_size": 1024,
+    "train.eval_every": 1_000, "train.checkpoint_every": 1_000,
+    "optimizer.warmup_steps": 1_000, "mesh.data": 1, "mesh.fsdp": -1,
+}
+# Table 2: 400B tokens at 4M tokens a step, peak learning rate 4e-3.
+_DENSE_1P7B_RECIPE = {**_PAPER_SCALE, "train.steps": 95_000, "optimizer.peak_lr": 4e-3}
+# Tables 1, 3, 4, 6: 100k steps, cosine from 2e-3 to 3e-5.
+_MOE_15A2B_RECIPE = {**_PAPER_SCALE, "train.steps": 100_000, "optimizer.peak_lr": 2e-3,
+                     "optimizer.final_lr": 3e-5}
+# The synthetic sink task's recipe (docs/sinks.md): a first-token sink forms under it.
+SINK_RECIPE = {
+    "data.source": "bigram_backcopy", "data.seq_len": 64,
+    "train.steps": 1000, "train.batch_size": 64, "train.eval_every": 500,
+    "train.eval_batches": 2, "train.log_every": 50, "train.checkpoint_every": 1000,
+    "optimizer.peak_lr": 1e-2, "optimizer.warmup_steps": 100, "optimizer.final_lr": 1e-4,
+}
+ARCH_TRAINING: dict[str, dict[str, Any]] = {
+    "tiny": _CPU_MINUTES, "tiny_moe": _CPU_MINUTES,
+    "dense_1p7b_28l": _DENSE_1P7B_RECIPE, "dense_1p7b_48l": _DENSE_1P7B_RECIPE,
+    "moe_15a2b": _MOE_15A2B_RECIPE, "sink_tiny": SINK_RECIPE,
+}
 # Archs whose decoder blocks are scanned by default (model.scan_layers): deep enough that
 # compiling layer by layer takes minutes.
 SCANNED_ARCHS = ("dense_1p7b_28l", "dense_1p7b_48l", "moe_15a2b")
@@ -315,6 +345,16 @@ def base_config(arch: str = "tiny", variant: str = "baseline") -> ml_collections
     config.mesh = ml_collections.ConfigDict(dict(
         data=-1, fsdp=1, tensor=1, expert=1, dcn_data=1, dcn_fsdp=1, dcn_tensor=1,
         dcn_expert=1, rules=""))
+    apply_overrides(config, ARCH_TRAINING.get(arch, {}))
+    return config
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]
+                    ) -> ml_collections.ConfigDict:
+    """Set "section.field" values (an arch's training defaults, a recipe) on a config."""
+    for key, value in overrides.items():
+        section, field = key.split(".")
+        config[section][field] = value
     return config
 
 
@@ -489,18 +529,6 @@ def table_row_config(arg: str | None, rows: tuple[str, ...],
                           f"{', '.join(rows)}")
     return base_config(options.get("arch", default_arch), variant)
 
-
-def moe_15a2b_recipe(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """The paper's 15A2B MoE training recipe (Tables 1, 3, 4, 6): 1024 sequences of 4096 per
-    step, 100k steps, warm-up 1k to 2e-3 then cosine to 3e-5, FSDP over every chip."""
-    config.model.remat = "dots_with_no_batch_dims_saveable"
-    config.train.batch_size = 1024  # sequences of 4096 tokens
-    config.train.steps = 100_000
-    config.train.eval_every = config.train.checkpoint_every = 1_000
-    config.optimizer.peak_lr, config.optimizer.final_lr = 2e-3, 3e-5
-    config.optimizer.warmup_steps = 1_000
-    config.mesh.data, config.mesh.fsdp = 1, -1
-    return config
 
 def _check(ok: bool, message: str) -> None:
     if not ok:

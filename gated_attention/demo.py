@@ -17,6 +17,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -79,13 +80,37 @@ def run_commands(commands: list[list[str]], parallel: bool) -> None:
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
                             "intra_op_parallelism_threads=1").strip()
     root = pathlib.Path(__file__).resolve().parent.parent
-    if parallel:
-        procs = [subprocess.Popen(c, env=env, cwd=root) for c in commands]
+    if parallel:  # interleaved lines: each says which run it comes from
+        procs = [subprocess.Popen(c, env=env, cwd=root, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, bufsize=1)
+                 for c in commands]
+        readers = [threading.Thread(target=_relay, args=(stream, out, f"[{run_label(c)}] "))
+                   for c, p in zip(commands, procs, strict=True)
+                   for stream, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr))]
+        for reader in readers:
+            reader.start()
         codes = [p.wait() for p in procs]
+        for reader in readers:
+            reader.join()
     else:
         codes = [subprocess.call(c, env=env, cwd=root) for c in commands]
     if any(codes):
         raise SystemExit(f"training failed (exit codes {codes}); see the messages above")
+
+
+def run_label(command: list[str]) -> str:
+    """The run a training command writes, as its workdir's last two parts (demo/baseline,
+    sinks/g1_sdpa_elementwise)."""
+    workdir = next(a.split("=", 1)[1] for a in command if a.startswith("--workdir="))
+    return "/".join(pathlib.Path(workdir).parts[-2:])
+
+
+def _relay(stream: Any, out: Any, prefix: str) -> None:
+    """Copy a child's output line by line, each line prefixed with its run."""
+    for line in stream:
+        out.write(prefix + line)
+        out.flush()
+    stream.close()
 
 
 def _train_series(run_dir: pathlib.Path) -> list[tuple[int, float]]:

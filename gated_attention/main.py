@@ -69,6 +69,9 @@ def main(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> None:
 
         import_modules(FLAGS.seqio_module)  # registers the user's seqio tasks
         config_lib.validate_run_config(config)
+        from gated_attention import run_checks  # the documents and a tokenizer that fits
+
+        run_checks.check_run(config, None if FLAGS.overwrite else FLAGS.workdir, inputs=False)
     except (config_lib.ConfigError, ImportError) as err:
         sys.exit(f"Config error: {err}")
     distributed.initialize({"auto": None, "yes": True, "no": False}[FLAGS.multihost])

@@ -32,6 +32,7 @@ from typing import Any
 import jax
 
 from gated_attention import config_lib
+from gated_attention.run_checks import check_run
 from gated_attention.target_compile import (  # noqa: F401 - building blocks, also exported here
     MOSAIC_CALL,
     STEPS,
@@ -80,6 +81,7 @@ def preflight(config: Any, tpu: TpuSlice, steps: tuple[str, ...] = STEPS,
     across slices); the report as a dict (bytes per device)."""
     cfg = config_lib.validate_run_config(config)
     check_slices(config, num_slices)
+    check_run(config)  # documents, tokenizer, vocabulary: what the run reads before step 1
     if dump_hlo is not None:
         taken = [dump_hlo / f"{s}_step.hlo.txt" for s in steps
                  if (dump_hlo / f"{s}_step.hlo.txt").exists()]

@@ -75,7 +75,7 @@ def someone_elses_folder(run_dir, tmp_path):
 
 
 def a_longer_run(run_dir, tmp_path):
-    """The same config with train.steps=2000 (this command asks for 1000)."""
+    """The same config with train.steps=2000 (this command asks for the default, 300)."""
     argv = ["main", CONFIG, f"--workdir={run_dir}", *small_run(tmp_path),
             "--config.train.steps=2000"]
     saved_argv, sys.argv = sys.argv, argv
@@ -141,7 +141,7 @@ CASES = [  # (id, extra flags, workdir set-up, the error line)
     ("workdir_of_another_run", [], another_run, r"^Error: .* holds a run of a different config:"),
     ("workdir_not_a_run", [], someone_elses_folder, r"^Error: .* holds no config.json: it is "
                                                      r"not a run of ours"),
-    ("fewer_steps", [], a_longer_run, r"(?s)^Error: .*train.steps: 2000 -> 1000.*may only grow"),
+    ("fewer_steps", [], a_longer_run, r"(?s)^Error: .*train.steps: 2000 -> 300.*may only grow"),
 ]
 
 

@@ -36,7 +36,7 @@ def _config(**changes):
     ({"data__seq_len": 1}, r"data.seq_len=1 must be >= 2"),
     ({"data__cache_dir": "gs://b/cache"}, r"data.cache_dir='gs://b/cache' must be a local"),
     ({"optimizer__warmup_steps": 5000}, r"optimizer.warmup_steps=5000 must be in \[0, "
-                                        r"train.steps=1000\]"),
+                                        r"train.steps=300\]"),
     ({"optimizer__final_lr": 1.0}, r"optimizer.final_lr=1.0 must be in \[0, peak_lr="),
     ({"optimizer__b2": 1.0}, r"optimizer.b2=1.0 must be in \[0, 1\)"),
     ({"train__keep_checkpoints": 0}, r"train.keep_checkpoints=0 must be >= 1"),

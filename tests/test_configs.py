@@ -71,3 +71,65 @@ def test_family_files_keep_to_their_archs():
             load(name).get_config("arch=small")
     assert load("tiny").get_config("arch=tiny_moe,variant=g1_sdpa_headwise").variant == (
         "g1_sdpa_headwise")
+
+
+def flat(config) -> dict:
+    """A config as {"section.field": value} (nested sections joined with dots)."""
+    out = {}
+
+    def walk(prefix, value):
+        if hasattr(value, "items"):
+            for key, inner in value.items():
+                walk(f"{prefix}{key}.", inner)
+        else:
+            out[prefix[:-1]] = value
+
+    walk("", config.to_dict())
+    return out
+
+
+def builders():
+    """(file name, module) for every config file that builds an arch from a config string."""
+    return [(name, load(name)) for name in sorted(p.stem for p in CONFIGS.glob("*.py"))
+            if name not in NEEDS_ARGUMENT]
+
+
+@pytest.mark.parametrize("variant", ["baseline", "g1_sdpa_elementwise"])
+def test_one_arch_name_means_one_set_of_defaults_whichever_file_builds_it(variant):
+    from gated_attention.config_lib import ARCHS
+
+    ablation = load("ablation")
+    compared = set()
+    for name, module in builders():
+        own = set(module.OWN_FIELDS)
+        for arch in ARCHS:
+            try:
+                config = module.get_config(f"arch={arch},variant={variant}")
+            except ConfigError:  # a family or table file refusing another arch or row
+                continue
+            reference = flat(ablation.get_config(f"arch={arch},variant={variant}"))
+            differ = {k for k in set(reference) | set(flat(config))
+                      if flat(config).get(k) != reference.get(k)} - own
+            assert not differ, (f"configs/{name}.py:arch={arch} differs from configs/ablation."
+                                f"py:arch={arch} in {sorted(differ)}")
+            compared.add((name, arch))
+    # Every family and table file was compared on the archs it exists for.
+    assert {("tiny", "tiny"), ("tiny", "tiny_moe"), ("dense_1p7b", "dense_1p7b_48l"),
+            ("moe_15a2b", "moe_15a2b"), ("table1_moe", "tiny_moe"), ("sinks", "sink_tiny"),
+            ("table2_dense", "tiny")} <= compared
+
+
+def test_the_cpu_run_and_the_paper_recipes_are_the_archs_defaults():
+    """The numbers docs/training.md and the README state, for any file that builds the arch."""
+    tiny = flat(load("ablation").get_config("arch=tiny"))
+    assert {k: tiny[k] for k in ("data.seq_len", "data.add_bos", "train.steps",
+                                 "train.batch_size", "train.eval_every",
+                                 "train.checkpoint_every", "optimizer.warmup_steps")} == {
+        "data.seq_len": 256, "data.add_bos": False, "train.steps": 300, "train.batch_size": 16,
+        "train.eval_every": 100, "train.checkpoint_every": 100, "optimizer.warmup_steps": 30}
+    dense = load("ablation").get_config("arch=dense_1p7b_28l")
+    assert (dense.train.batch_size, dense.data.seq_len, dense.optimizer.peak_lr,
+            dense.mesh.fsdp, dense.model.remat) == (
+        1024, 4096, 4e-3, -1, "dots_with_no_batch_dims_saveable")
+    moe = load("table4_sinks").get_config("arch=tiny_moe")
+    assert (moe.train.batch_size, moe.train.steps) == (16, 300)  # the CPU run, not 1024 x 100k

@@ -47,6 +47,7 @@ FLOORS: dict[str, int] = {
     "gated_attention.workdir_lock": 4,
     "gated_attention.progress_log": 4,
     "gated_attention.init_from": 4,
+    "gated_attention.run_checks": 4,
     "gated_attention.hf": 4,
     # 5: command lines.
     "gated_attention.main": 5,

@@ -62,11 +62,45 @@ def plot_per_layer(values: Mapping[str, Sequence[float]], path: PathLike, ylabel
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     if log:
-        ax.set_yscale("log")
+        log_axis(ax)
     if values:
         ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return _save(fig, path)
+
+
+def log_axis(ax: plt.Axes, axis: str = "y") -> None:
+    """A log scale with plain-number labels dense enough to read: matplotlib's default labels
+    only powers of ten, so values within a decade or two (M-Act of 5 to 16) got one label.
+    Labels at every 1..9 x 10^k within about a decade, at 1, 2, 5 x 10^k up to three."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+    ax.autoscale_view()
+    low, high = ax.get_ylim() if axis == "y" else ax.get_xlim()
+    decades = np.log10(high / low) if low > 0 and high > low else 3.0
+    subs = tuple(range(1, 10)) if decades <= 1.2 else (1, 2, 5) if decades <= 3 else (1,)
+    target.set_major_locator(LogLocator(base=10, subs=[float(s) for s in subs], numticks=30))
+    target.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    target.set_minor_formatter(NullFormatter())
+
+
+def token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """Tick labels for tokens: <bos>/<eos>/<pad> for the special ids, whitespace made visible
+    (space, newline, tab as ␣ ↵ ⇥) so a piece of spaces is not an empty label, and <id> for a
+    piece that decodes to nothing."""
+    special = {getattr(tokenizer, f"{name}_id", None): f"<{name}>"
+               for name in ("pad", "eos", "bos")}
+    labels = []
+    for i in (int(x) for x in ids):
+        if i in special:
+            labels.append(special[i])
+            continue
+        text = tokenizer.decode([i])
+        labels.append(text.replace(" ", "\u2423").replace("\n", "\u21b5").replace("\t", "\u21e5")
+                      if text else f"<{i}>")
+    return labels
 
 
 def plot_gate_histograms(histograms: Mapping[str, Mapping[str, Any]], path: PathLike,

@@ -1,0 +1,221 @@
+"""A new user's first hour: the README's Quick start does what it says, its Python example
+runs as written, and CPU commands start without libtpu's start-up noise."""
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gated_attention import config_lib
+
+ROOT = Path(__file__).parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def section(title: str) -> str:
+    start = README.index(f"\n## {title}\n")
+    end = README.find("\n## ", start + 1)
+    return README[start:end]
+
+
+def blocks(text: str, info: str) -> list[str]:
+    return re.findall(rf"```{info}\n(.*?)```", text, re.S)
+
+
+def main_commands(text: str) -> list[list[str]]:
+    """Every `python -m gated_attention.main` command of the text, continuation lines joined."""
+    commands = []
+    for block in blocks(text, "bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = line.split()
+            if words[:3] == ["python", "-m", "gated_attention.main"]:
+                commands.append(words[3:])
+    return commands
+
+
+def config_of(flags: list[str]):
+    """The config a main command runs: the config file and string, then --config.* values."""
+    spec = dict(f[2:].split("=", 1) for f in flags if f.startswith("--config="))["config"]
+    path, _, arg = spec.partition(":")
+    module_spec = importlib.util.spec_from_file_location("readme_config", ROOT / path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    config = module.get_config(arg or None)
+    for flag in flags:
+        if flag.startswith("--config."):
+            key, value = flag[len("--config."):].split("=", 1)
+            section_name, field = key.split(".")
+            config[section_name][field] = type(config[section_name][field])(value)
+    config_lib.validate_run_config(config)  # also brings the variant label in line
+    return config
+
+
+def flat(config) -> dict:
+    out = {}
+
+    def walk(prefix, value):
+        if hasattr(value, "items"):
+            for key, inner in value.items():
+                walk(f"{prefix}{key}.", inner)
+        else:
+            out[prefix[:-1]] = value
+
+    walk("", config.to_dict())
+    return out
+
+
+def test_the_quick_starts_second_run_changes_one_field_of_the_first():
+    first, second = main_commands(section("Quick start"))[:2]
+    assert "configs/tiny.py" in first[0] and "configs/ablation.py" in second[0]
+    a, b = flat(config_of(first)), flat(config_of(second))
+    assert {k for k in a if a[k] != b.get(k)} == {"attention.activation", "variant"}
+    assert (a["attention.activation"], b["attention.activation"]) == ("sigmoid", "silu")
+    assert b["variant"] == "g1_sdpa_elementwise+activation=silu"
+    # The run keeps checkpoints along the way, not only its last step.
+    assert 0 < a["train.checkpoint_every"] < a["train.steps"]
+
+
+def test_the_readmes_python_example_defines_every_name_it_uses():
+    """ruff's undefined-name rule (F821) over the example as written (running it eagerly
+    takes half a minute of op-by-op compiles, which the model tests cover)."""
+    code = next(b for b in blocks(README, "python") if "build_model" in b)
+    ruff = Path(sys.executable).with_name("ruff")
+    if not ruff.exists():
+        pytest.skip("ruff is installed with the test extras (make test)")
+    result = subprocess.run([str(ruff), "check", "--isolated", "--select", "F821,F401",
+                             "--stdin-filename", "example.py", "-"], input=code,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout
+    assert "tokens = " in code.split("model(tokens)")[0]
+
+
+def test_a_cpu_run_keeps_libtpu_out_and_tpu_targets_still_compile():
+    """With libtpu installed (jax registers a TPU backend and would start libtpu first), a
+    process importing the package on a machine without a TPU never starts libtpu's runtime:
+    no host-bounds or worker-hostname noise; compiling for a TPU target still works."""
+    pytest.importorskip("libtpu")
+    import gated_attention
+
+    if any(vendor in (gated_attention._TPU_VENDOR, *gated_attention._GPU_VENDORS)
+           for vendor, _ in gated_attention._pci_devices()):
+        pytest.skip("this machine has an accelerator: jax keeps its default backends there")
+    from jax._src import xla_bridge
+
+    assert "tpu" in xla_bridge._backend_factories  # what jax would try without the choice
+    probe = (
+        "import json, sys\n"
+        "import gated_attention, jax, os\n"
+        "from jax._src import xla_bridge\n"
+        "from jax._src.lib import xla_client\n"
+        "jax.numpy.ones(3).sum().block_until_ready()\n"
+        "tried = 'tpu' in xla_bridge._backend_errors or xla_client.pjrt_plugin_loaded('tpu')\n"
+        "print('--- cpu run done', file=sys.stderr, flush=True)\n"
+        "from gated_attention.target_compile import tpu_devices\n"
+        "print(json.dumps({'backend': jax.default_backend(), 'tpu_tried': tried,\n"
+        "                  'env': os.environ.get('JAX_PLATFORMS'),\n"
+        "                  'tpu_target_devices': len(tpu_devices('v5e:2x2'))}))\n")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    env["PYTHONPATH"] = str(ROOT)
+    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found == {"backend": "cpu", "tpu_tried": False, "env": "cpu",
+                     "tpu_target_devices": 4}
+    before_compile = result.stderr.split("--- cpu run done")[0]
+    for noise in ("Failed to find host bounds", "unexpected worker hostname",
+                  "Source Location Trace", "libtpu"):
+        assert noise not in before_compile, before_compile
+
+
+def test_token_labels_show_special_and_whitespace_pieces():
+    from gated_attention.analysis.plots import token_labels
+    from gated_attention.data.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    ids = [tok.bos_id, *tok.encode(["a b\n\t"])[0], tok.eos_id, tok.pad_id]
+    # Hand-written: BOS, "a", a space, "b", a newline, a tab, EOS, pad.
+    assert token_labels(tok, ids) == ["<bos>", "a", "\u2423", "b", "\u21b5", "\u21e5", "<eos>",
+                                      "<pad>"]
+
+    class Silent:  # a tokenizer whose piece decodes to nothing (no special ids)
+        def decode(self, ids):
+            return ""
+
+    assert token_labels(Silent(), [934]) == ["<934>"]
+
+
+def test_a_log_axis_over_one_decade_has_plain_labels_at_1_2_5():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gated_attention.analysis.plots import log_axis
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1, 2, 3], [5.3, 16.1, 8.0, 6.2])  # M-Act of the demo's two models
+    log_axis(ax)
+    fig.canvas.draw()
+    low, high = ax.get_ylim()
+    shown = [(t.get_loc(), t.label1.get_text()) for t in ax.yaxis.get_major_ticks()
+             if low <= t.get_loc() <= high]
+    plt.close(fig)
+    # Within the limits (about 5.0 to 17.0): 6, 7, 8, 9, 10, each labelled as its value.
+    assert [label for _, label in shown] == ["6", "7", "8", "9", "10"]
+    assert all(label == f"{loc:g}" for loc, label in shown)
+
+
+def test_the_inspect_notebook_finds_a_run_in_the_folder_make_demo_writes(tmp_path, capsys):
+    import nbformat
+
+    book = nbformat.read(ROOT / "notebooks" / "inspect_model.ipynb", as_version=4)
+    assert 'os.environ.get("RUN_DIR", "runs/demo/g1_sdpa_elementwise")' in book.cells[1].source
+    code = book.cells[2].source
+    functions = code[code.index("def repository_root"):code.index("\nif HF_DIR:")]
+    scope = {"os": os, "pathlib": __import__("pathlib")}
+    exec(functions, scope)  # noqa: S102 - the notebook's own helpers
+    for name in ("baseline", "g1_sdpa_elementwise"):
+        (tmp_path / "demo" / name).mkdir(parents=True)
+        (tmp_path / "demo" / name / "config.json").write_text("{}")
+    (tmp_path / "demo" / "sinks" / "baseline").mkdir(parents=True)
+    assert scope["run_folder"](str(tmp_path / "demo" / "baseline")).endswith("demo/baseline")
+    assert scope["run_folder"](str(tmp_path / "demo")).endswith("demo/g1_sdpa_elementwise")
+    assert "holds 2 runs (baseline, g1_sdpa_elementwise)" in capsys.readouterr().out
+    with pytest.raises(FileNotFoundError, match="holds no run"):
+        scope["run_folder"](str(tmp_path / "demo" / "sinks" / "baseline"))
+
+
+def test_analyze_says_why_its_perplexity_is_not_trainings(tmp_path):
+    from gated_attention.analyze import perplexity_note
+
+    (tmp_path / "summary.json").write_text(json.dumps({"steps": 300, "eval": {
+        "loss": 3.676, "perplexity": 39.5}}))
+    result = {"workdir": str(tmp_path), "perplexity": 37.0812, "loss_tokens": 4096,
+              "data": "held-out windows, one chunk per row from position 0"}
+    assert perplexity_note(result) == (
+        ", held-out PPL 37.08 on held-out windows, one chunk per row from position 0 (4096 "
+        "tokens); training's last eval (step 300), 39.50, measured other held-out tokens "
+        "(train.eval_batches packed batches of train.batch_size)")
+    (tmp_path / "summary.json").unlink()
+    assert perplexity_note(result).endswith("(4096 tokens)")
+    assert perplexity_note({"workdir": str(tmp_path)}) == ""
+
+
+def test_the_demos_parallel_lines_say_which_run_they_come_from(tmp_path, capsys):
+    from gated_attention import demo
+
+    commands = [[sys.executable, "-c", f"import sys; print('step 10/100 loss {n}'); "
+                 f"print('warned', file=sys.stderr)", f"--workdir={tmp_path}/demo/{name}"]
+                for n, name in ((5.1, "baseline"), (4.9, "g1_sdpa_elementwise"))]
+    demo.run_commands(commands, parallel=True)
+    out, err = capsys.readouterr()
+    assert sorted(out.splitlines()) == ["[demo/baseline] step 10/100 loss 5.1",
+                                        "[demo/g1_sdpa_elementwise] step 10/100 loss 4.9"]
+    assert sorted(err.splitlines()) == ["[demo/baseline] warned",
+                                        "[demo/g1_sdpa_elementwise] warned"]
