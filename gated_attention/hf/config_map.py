@@ -326,9 +326,12 @@ def hf_config(config: ml_collections.ConfigDict, *, dtype: str,
     original = json.loads(config.get("hf_config") or "null")
     if original is None or detect(original)[0] != target.name:
         return out
-    original = detect(original)[1]  # a multimodal import exports its text model
+    text = detect(original)[1]  # a multimodal import exports its text model
     # An imported run: keep the original file where it still describes this model.
-    merged = dict(original) if _same_model(original, out) else {**original, **out}
+    merged = dict(text) if _same_model(text, out) else {**text, **out}
+    if text is not original:
+        merged.update(architectures=out["architectures"], model_type=out["model_type"])
+    original = text
     for key in ("torch_dtype", "dtype"):  # transformers 4 and 5 name the weights' dtype so
         if key in original or key == "torch_dtype":
             merged[key] = dtype
