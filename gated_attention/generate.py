@@ -156,18 +156,21 @@ def load_for_generation(workdir: str = "", hf_dir: str = "") -> tuple[Transforme
     """(model, run config, tokenizer) of a run's workdir or of a Hugging Face folder."""
     if bool(workdir) == bool(hf_dir):
         raise ValueError("give exactly one of --workdir (a run) and --hf (a Hugging Face folder)")
+    from gated_attention.data.tokenizer import get_tokenizer
+
     if hf_dir:
         from gated_attention import hf
-        from gated_attention.data import hf_tokenizer
+        from gated_attention.hf import run_files
 
         model, config = hf.load_pretrained(hf_dir)
-        tokenizer_file = pathlib.Path(hf_dir) / hf.TOKENIZER_FILE
-        if not tokenizer_file.exists():
-            raise FileNotFoundError(f"{tokenizer_file} not found: --hf needs the model's "
-                                    "tokenizer.json beside config.json")
-        return model, config, hf_tokenizer.HFTokenizer(tokenizer_file)
+        # the folder's tokenizer and input settings (data.add_bos, ...), as an import reads them
+        if not run_files.apply(pathlib.Path(hf_dir), config):
+            raise FileNotFoundError(f"{hf_dir} holds no tokenizer: --hf needs the model's "
+                                    "tokenizer.model or tokenizer.json beside config.json")
+        tokenizer = get_tokenizer(config.data.tokenizer, config.model.vocab_size,
+                                  model_path=config.data.get("tokenizer_path", ""))
+        return model, config, tokenizer
     from gated_attention import train
-    from gated_attention.data.tokenizer import get_tokenizer
 
     model, config = train.load_params(workdir)
     tokenizer = get_tokenizer(config.data.tokenizer, config.model.vocab_size, workdir=workdir,
