@@ -178,6 +178,14 @@ def load_for_generation(workdir: str = "", hf_dir: str = "") -> tuple[Transforme
     return model, config, tokenizer
 
 
+def encode_prompt(text: str, tokenizer: Any, config: Any) -> list[int]:
+    """The prompt's ids as the run's input had them (a BOS first when data.add_bos)."""
+    prompt = [int(i) for i in tokenizer.encode([text])[0]]
+    if config.data.get("add_bos", False):
+        prompt = [int(tokenizer.bos_id)] + prompt
+    return prompt
+
+
 def main(argv: list[str]) -> None:
     from absl import flags, logging
 
@@ -189,9 +197,7 @@ def main(argv: list[str]) -> None:
         model, config, tokenizer = load_for_generation(FLAGS.workdir or "", FLAGS.hf or "")
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"Error: {err}")
-    prompt = [int(i) for i in tokenizer.encode([FLAGS.prompt])[0]]
-    if config.data.get("add_bos", False):
-        prompt = [int(tokenizer.bos_id)] + prompt
+    prompt = encode_prompt(FLAGS.prompt, tokenizer, config)
     if not prompt:
         sys.exit("Error: --prompt encodes to no tokens")
     new = generate(model, [prompt], FLAGS.max_new_tokens, temperature=FLAGS.temperature,
