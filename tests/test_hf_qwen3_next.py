@@ -197,9 +197,10 @@ def test_per_head_split_fails_on_the_official_layout(tmp_path):
 
 def test_zero_centred_norm_and_partial_rotary_against_float64(x64):
     """The two model pieces the layout needs, against numpy in float64 (scoped 64-bit)."""
+    from flax import nnx
+
     from gated_attention.layers.norms import RMSNorm
     from gated_attention.layers.rope import apply_rope
-    from flax import nnx
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 5, 3, 8))
@@ -219,3 +220,24 @@ def test_zero_centred_norm_and_partial_rotary_against_float64(x64):
     want = np.concatenate([x[..., :4] * np.cos(ang) + rot * np.sin(ang), x[..., 4:]], -1)
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert np.array_equal(got[..., 4:], x[..., 4:].astype(np.float32))  # passed through
+
+
+def test_analysis_sees_the_gate_as_its_own_tensor(tmp_path):
+    """gate_scores (what every analysis reads) of an imported Qwen3.5 model are sigmoid of the
+    gate rows of q_proj, per head [b, s, heads, head_dim], computed here from the HF tensors."""
+    from gated_attention import capture
+
+    config = tiny_next_config("qwen3_5")
+    tensors = random_next_tensors(config, seed=7)
+    model, _ = hf.load_pretrained(write_hf_folder(tmp_path, config, tensors))
+    model(jnp.asarray(IDS), capture=("gate_scores",))
+    layers = capture.collect(model)
+    eps = config["rms_norm_eps"]
+    x = np.asarray(tensors["model.embed_tokens.weight"], np.float64)[IDS]
+    w = np.asarray(tensors["model.layers.0.input_layernorm.weight"], np.float64)
+    h = x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * (1 + w)
+    rows = np.asarray(tensors["model.layers.0.self_attn.q_proj.weight"], np.float64)
+    gate = (h @ rows.T).reshape(*IDS.shape, 4, 2, 8)[..., 1, :]  # [b, s, head, d]
+    scores = np.asarray(layers[0]["gate_scores"], np.float64)
+    assert scores.shape == (*IDS.shape, 4, 8)
+    np.testing.assert_allclose(scores, 1 / (1 + np.exp(-gate)), atol=1e-5)
