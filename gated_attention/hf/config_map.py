@@ -22,14 +22,12 @@ import ml_collections
 from gated_attention import config_lib
 from gated_attention.config_lib import ConfigError
 from gated_attention.hf import layouts, next_config
+from gated_attention.hf.rope_fields import hf_rope_scaling, rope_fields
 
 DENSE_ARCHITECTURE, MOE_ARCHITECTURE = "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"
 ARCHITECTURES = {DENSE_ARCHITECTURE: "qwen3", MOE_ARCHITECTURE: "qwen3_moe"}
 GATE_FLAGS = {"headwise_attn_output_gate": "g1_sdpa_headwise",
               "elementwise_attn_output_gate": "g1_sdpa_elementwise"}
-ROPE_TYPES = ("default", "linear", "yarn")
-YARN_KEYS = {"rope_type", "type", "factor", "original_max_position_embeddings", "beta_fast",
-             "beta_slow", "attention_factor", "rope_theta", "truncate"}
 
 
 def _fail(where: str, message: str) -> None:
@@ -80,57 +78,6 @@ def is_moe(hf: dict[str, Any], where: str = "config.json") -> bool:
         _fail(where, f"model_type={model_type!r} is not supported; choose one of "
               f"{', '.join(ARCHITECTURES.values())}")
     return model_type == "qwen3_moe"
-
-
-def rope_fields(hf: dict[str, Any], where: str = "config.json"
-                ) -> tuple[float, dict[str, Any]]:
-    """(rope_base, config.model.rope_scaling fields) from `rope_theta` and `rope_scaling`
-    (or transformers 5's `rope_parameters`, which holds both)."""
-    parameters = hf.get("rope_parameters") or {}
-    theta = float(hf.get("rope_theta", parameters.get("rope_theta", 10_000.0)))
-    field = "rope_scaling" if hf.get("rope_scaling") is not None else "rope_parameters"
-    spec = hf.get(field) or {}
-    kind = spec.get("rope_type", spec.get("type", "default"))
-    none = dict(type="none", factor=1.0, original_max_position=0, beta_fast=32.0,
-                beta_slow=1.0, attention_factor=0.0)
-    if kind == "default":
-        return theta, none
-    if kind not in ROPE_TYPES:
-        _fail(where, f"{field}.rope_type={kind!r} is not supported; choose one of "
-              f"{', '.join(ROPE_TYPES)}")
-    factor = float(spec.get("factor", 1.0))
-    if kind == "linear":
-        return theta, {**none, "type": "linear", "factor": factor}
-    unknown = sorted(set(spec) - YARN_KEYS)
-    if unknown:
-        _fail(where, f"{field}.{unknown[0]} is not supported for yarn; supported: "
-              f"{', '.join(sorted(YARN_KEYS))}")
-    if spec.get("truncate", True) is not True:
-        _fail(where, f"{field}.truncate=False is not supported; only the default True")
-    original = spec.get("original_max_position_embeddings") or hf.get("max_position_embeddings")
-    return theta, {**none, "type": "yarn", "factor": factor,
-                   "original_max_position": int(original or 0),
-                   "beta_fast": float(spec.get("beta_fast") or 32.0),
-                   "beta_slow": float(spec.get("beta_slow") or 1.0),
-                   "attention_factor": float(spec.get("attention_factor") or 0.0)}
-
-
-def hf_rope_scaling(fields: dict[str, Any]) -> dict[str, Any] | None:
-    """The Hugging Face `rope_scaling` dict for config.model.rope_scaling fields."""
-    kind = fields.get("type", "none")
-    if kind == "none":
-        return None
-    if kind == "linear":
-        return {"rope_type": "linear", "factor": float(fields["factor"])}
-    if kind == "yarn":
-        out = {"rope_type": "yarn", "factor": float(fields["factor"]),
-               "original_max_position_embeddings": int(fields["original_max_position"]),
-               "beta_fast": float(fields["beta_fast"]), "beta_slow": float(fields["beta_slow"])}
-        if fields.get("attention_factor"):
-            out["attention_factor"] = float(fields["attention_factor"])
-        return out
-    raise ConfigError(f"model.rope_scaling.type={kind!r} has no Hugging Face form; choose one of "
-                      "none, linear, yarn")
 
 
 def variant_name(hf: dict[str, Any], where: str = "config.json") -> str:

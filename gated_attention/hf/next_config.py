@@ -16,6 +16,7 @@ from typing import Any
 
 from gated_attention.config_lib import ConfigError, ModelConfig
 from gated_attention.hf.layouts import Layout
+from gated_attention.hf.rope_fields import rope_fields
 
 DEFAULT_PARTIAL_ROTARY = 0.25  # transformers' default for all three
 DEFAULT_HEAD_DIM = 256
@@ -82,8 +83,6 @@ def moe_layers(hf: dict[str, Any], layout: Layout, where: str) -> bool:
 
 def model_fields(hf: dict[str, Any], layout: Layout, where: str) -> dict[str, Any]:
     """config.model fields of a Qwen3-Next-family text config (validated)."""
-    from gated_attention.hf.config_map import rope_fields
-
     for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
         _positive(hf, name, where)
     layer_types(hf, where)
