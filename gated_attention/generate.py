@@ -214,7 +214,7 @@ def _define_flags() -> None:
 
     flags.DEFINE_string("workdir", None, "A training run (or a `convert from_hf` workdir).")
     flags.DEFINE_string("hf", None, "A Hugging Face folder (config.json, safetensors, "
-                        "tokenizer.json), instead of --workdir.")
+                        "tokenizer.model or tokenizer.json), instead of --workdir.")
     flags.DEFINE_string("prompt", "The", "Text to continue.")
     flags.DEFINE_integer("max_new_tokens", 64, "Tokens to generate.")
     flags.DEFINE_float("temperature", 0.0, "0 = greedy; else sample softmax(logits / T).")

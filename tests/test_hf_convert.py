@@ -154,3 +154,17 @@ def test_a_run_survives_its_own_hugging_face_round_trip(tmp_path):
     # and the negative control: without the input settings the text is another one
     back_config.data.add_bos = False
     assert _greedy_text(model, back_config, tokenizer) != source_text
+
+
+def test_an_import_without_a_tokenizer_says_what_to_set(hf_folder, tmp_path, capsys):
+    folder, _ = hf_folder
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (bare / name).write_bytes((folder / name).read_bytes())
+    convert.from_hf(bare, tmp_path / "run")
+    assert "holds no tokenizer" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="data.tokenizer_path is empty"):
+        generate.load_for_generation(workdir=str(tmp_path / "run"))
+    with pytest.raises(FileNotFoundError, match="holds no tokenizer: --hf needs"):
+        generate.load_for_generation(hf_dir=str(bare))

@@ -82,7 +82,8 @@ def flat_params(model: Transformer) -> dict[str, np.ndarray]:
 
 def load_pretrained(path: str | os.PathLike[str], dtype: str = "float32"
                     ) -> tuple[Transformer, ml_collections.ConfigDict]:
-    """(model, run config) of a Hugging Face Qwen3 / Qwen3-MoE / gated-release folder.
+    """(model, run config) of a Hugging Face folder in any layout of hf/layouts.py (Qwen3,
+    Qwen3-MoE, the gated release, the all-full-attention Qwen3-Next family).
 
     `dtype` is the compute dtype (model.dtype); weights are held in float32 as in training.
     The run config keeps the original config.json as `config.hf_config` for export.
