@@ -241,3 +241,16 @@ def test_analysis_sees_the_gate_as_its_own_tensor(tmp_path):
     scores = np.asarray(layers[0]["gate_scores"], np.float64)
     assert scores.shape == (*IDS.shape, 4, 8)
     np.testing.assert_allclose(scores, 1 / (1 + np.exp(-gate)), atol=1e-5)
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(partial_rotary_factor=0.1), "model.partial_rotary_factor=0.1 must be in (0, 1]"),
+    (dict(partial_rotary_factor=1.5), "model.partial_rotary_factor=1.5 must be in (0, 1]"),
+    (dict(shared_expert_mlp_dim=16), "model.shared_expert_mlp_dim=16 needs an MoE arch"),
+])
+def test_the_new_model_fields_are_checked_in_one_line(fields, message):
+    config = base_config("tiny", "g1_sdpa_elementwise")
+    config.model.update(fields)
+    with pytest.raises(ConfigError) as err:
+        model_config(config)
+    assert message in str(err.value) and "\n" not in str(err.value)
