@@ -226,7 +226,7 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
-# ------------------ the Qwen3-Next family (qwen3_next, qwen3_5_text, qwen3_5_moe_text) ------------------
+# ------------- the Qwen3-Next family (qwen3_next, qwen3_5_text, qwen3_5_moe_text) -------------
 # Written from transformers' modeling_qwen3_next / modeling_qwen3_5(_moe): q_proj's output viewed
 # as [.., heads, 2 * head_dim] and chunked into (query, gate) per head; the gate flattened to
 # [.., heads * head_dim] multiplies the attention output through a sigmoid before o_proj; every
