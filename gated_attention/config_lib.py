@@ -51,6 +51,8 @@ class ModelConfig:
     o_proj_bias: bool = False
     zero_centred_norm: bool = False
     rope_base: float = 10_000.0
+    # RoPE on the first int(head_dim * partial_rotary_factor) channels only (Qwen3-Next: 0.25).
+    partial_rotary_factor: float = 1.0
     rope_scaling: RopeScaling = NO_SCALING  # base change, linear, NTK-aware or YaRN
     norm_eps: float = 1e-6
     dtype: str = "float32"
@@ -64,6 +66,8 @@ class ModelConfig:
     experts_per_token: int = 0
     expert_mlp_dim: int = 0
     moe_renormalize: bool = True
+    # Qwen3-Next / Qwen3.5-MoE: a dense SwiGLU expert every token uses, behind a sigmoid gate.
+    shared_expert_mlp_dim: int = 0
     moe_capacity_factor: float = 0.0
     moe_impl: str = "ragged"
 
@@ -86,6 +90,11 @@ class ModelConfig:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    @property
+    def rotary_dim(self) -> int:
+        """Channels of each head RoPE rotates (the first ones; the rest pass through)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
@@ -105,6 +114,15 @@ class ModelConfig:
                              f"choose one of {', '.join(ATTENTION_IMPLS)}")
         if self.head_dim % 2:
             raise ValueError(f"model.head_dim={self.head_dim} must be even for RoPE")
+        if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim % 2 or not self.rotary_dim:
+            raise ValueError(f"model.partial_rotary_factor={self.partial_rotary_factor} must be in "
+                             "(0, 1] and rotate an even, non-zero number of head_dim channels")
+        if self.shared_expert_mlp_dim and not self.is_moe:
+            raise ValueError(f"model.shared_expert_mlp_dim={self.shared_expert_mlp_dim} needs an "
+                             "MoE arch (model.num_experts > 0); only 0 for a dense FFN")
+        if self.shared_expert_mlp_dim < 0:
+            raise ValueError(f"model.shared_expert_mlp_dim={self.shared_expert_mlp_dim} must be "
+                             ">= 0 (0: no shared expert)")
         if self.qkv_bias and self.variant.switch_target != "none":
             raise ValueError("model.qkv_bias=True needs plain k/v projections; variant "
                              f"{self.variant.name!r} uses Switch-Head projections (switch_target="

@@ -1,26 +1,30 @@
 """Hugging Face folder <-> run workdir, from the command line.
 
     python -m gated_attention.convert from_hf path/to/hf_folder --workdir=runs/qwen
-    python -m gated_attention.convert to_hf --workdir=runs/x --out=path/to/hf_folder
+    python -m gated_attention.convert to_hf --workdir=runs/x --out=path/to/hf_folder \
+        [--to=qwen3_next]
 
 `from_hf` writes a workdir as training would: config.json (the imported architecture and
-variant, `data.tokenizer=hf`), an orbax checkpoint at step 0 (the weights and a fresh optimizer
-state) and the model's tokenizer.json. `analyze`, `generate` and the notebooks read it as any
-run. To continue training, start a new run from its weights (fresh optimizer, step 0):
+variant, the folder's tokenizer and input settings), an orbax checkpoint at step 0 (the weights
+and a fresh optimizer state) and the model's tokenizer file. `analyze`, `generate` and the
+notebooks read it as any run. To continue training, start a new run from its weights (fresh
+optimizer, step 0):
 
     python -m gated_attention.main --config=configs/from_workdir.py:runs/qwen \
         --workdir=runs/qwen_ft --config.train.steps=1000
 
-`to_hf` writes config.json + safetensors (+ tokenizer.json) of a run's latest checkpoint in
-the official layout. Both refuse, before writing anything, a folder that already holds files
-they would write.
+`to_hf` writes config.json + safetensors of a run's latest checkpoint in the layout `--to`
+names (official, qwen3, qwen3_next, qwen3_5, qwen3_5_moe; default: the layout the run was
+imported from, else official), with the run's tokenizer (`tokenizer.model` or `tokenizer.json`,
+with its special tokens) and its input settings (hf/run_files.py), so that importing the folder
+back, or `generate --hf`, reads the same input. Both refuse, before writing anything, a folder
+that already holds files they would write.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 import sys
 from typing import Any
 
@@ -30,8 +34,6 @@ from flax import nnx
 from gated_attention import paths
 from gated_attention.config_lib import ConfigError
 from gated_attention.model import per_layer
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def train_state(model: nnx.Module, config: Any) -> dict[str, Any]:
@@ -49,26 +51,28 @@ def from_hf(hf_dir: str | os.PathLike[str], workdir: str | os.PathLike[str], *,
     from gated_attention import checkpoint as checkpoint_lib
     from gated_attention import config_lib, hf
     from gated_attention import workdir as workdir_lib
+    from gated_attention.hf import run_files
 
     hf_dir = pathlib.Path(hf_dir)
     model, config = hf.load_pretrained(hf_dir, dtype=dtype)  # every check before any write
     root = paths.resolve(workdir)
-    tokenizer = hf_dir / hf.TOKENIZER_FILE
-    if tokenizer.exists():
-        config.data.tokenizer = "hf"
-        config.data.tokenizer_path = str(tokenizer)
+    try:
+        has_tokenizer = run_files.apply(hf_dir, config)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if has_tokenizer:
         config_lib.validate_run_config(config)  # the tokenizer fits the vocabulary
-        config.data.tokenizer_path = str(root / hf.TOKENIZER_FILE)  # the workdir's copy
+        if config.data.get("tokenizer_path"):  # the workdir's copy
+            config.data.tokenizer_path = str(root / pathlib.Path(config.data.tokenizer_path).name)
     else:
-        print(f"{tokenizer} not found: set data.tokenizer and data.tokenizer_path before "
-              "training or analysing this run")
+        print(f"{hf_dir} holds no tokenizer (tokenizer.model or tokenizer.json): set "
+              "data.tokenizer and data.tokenizer_path before training or analysing this run")
     if root.exists() and any(root.iterdir()):
         raise workdir_lib.WorkdirError(f"{root} is not empty; choose a new --workdir "
                                        "(nothing is overwritten)")
     workdir_lib.prepare(root, config)
-    for name in TOKENIZER_FILES:
-        if (hf_dir / name).exists():
-            paths.write_atomic(root / name, (hf_dir / name).read_bytes())
+    for name in run_files.tokenizer_files(hf_dir):
+        paths.write_atomic(root / name, (hf_dir / name).read_bytes())
     ckpt = checkpoint_lib.Checkpointer(root, keep=config.train.keep_checkpoints,
                                        async_save=False)
     ckpt.save(0, train_state(model, config), None)
@@ -77,12 +81,18 @@ def from_hf(hf_dir: str | os.PathLike[str], workdir: str | os.PathLike[str], *,
 
 
 def to_hf(workdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
-          step: int | None = None, dtype: str | None = None) -> list[str]:
-    """Export a run's checkpoint as a Hugging Face folder; returns the files written."""
+          step: int | None = None, dtype: str | None = None,
+          layout: str | None = None) -> list[str]:
+    """Export a run's checkpoint as a Hugging Face folder in `layout` (default: the layout it
+    was imported from, else official), with its tokenizer and input settings; returns the
+    files written."""
     from gated_attention import hf, train
+    from gated_attention.hf import layouts, run_files
 
     root, out = paths.resolve(workdir), pathlib.Path(out)
-    taken = [n for n in TOKENIZER_FILES if (root / n).exists() and (out / n).exists()]
+    if layout is not None:
+        layouts.get_layout(layout)  # a bad --to fails before the checkpoint is read
+    taken = run_files.taken(out, root)
     if taken:
         raise ConfigError(f"{out / taken[0]} exists; choose an empty --out folder (nothing is "
                           "overwritten)")
@@ -91,12 +101,10 @@ def to_hf(workdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
         model = per_layer(model)
         config = config.copy_and_resolve_references()
         config.model.scan_layers = False
-    written = hf.save_pretrained(model, config, out, dtype=dtype)
-    for name in TOKENIZER_FILES:
-        if (root / name).exists():
-            shutil.copyfile(str(root / name), out / name)
-            written.append(name)
-    return written
+    if config.data.get("tokenizer", "sentencepiece") != "byte":
+        run_files.tokenizer_present(root, config)  # before any file is written
+    written = hf.save_pretrained(model, config, out, dtype=dtype, layout=layout)
+    return written + run_files.write(root, config, out)
 
 
 def main(argv: list[str]) -> None:
@@ -120,8 +128,10 @@ def main(argv: list[str]) -> None:
                   f"into {FLAGS.workdir}")
         else:
             if len(argv) != 2 or not FLAGS.out:
-                sys.exit("usage: python -m gated_attention.convert to_hf --workdir=W --out=DIR")
-            written = to_hf(FLAGS.workdir, FLAGS.out, step=FLAGS.step, dtype=FLAGS.dtype)
+                sys.exit("usage: python -m gated_attention.convert to_hf --workdir=W --out=DIR "
+                         "[--to=LAYOUT]")
+            written = to_hf(FLAGS.workdir, FLAGS.out, step=FLAGS.step, dtype=FLAGS.dtype,
+                            layout=FLAGS.to)
             print(f"Wrote {', '.join(written)} to {FLAGS.out}")
     except (ConfigError, workdir_lib.WorkdirError, FileNotFoundError) as err:
         sys.exit(f"Error: {err}")
@@ -135,6 +145,9 @@ def _define_flags() -> None:
     flags.DEFINE_string("dtype", None, "from_hf: the compute dtype (float32, bfloat16); to_hf: "
                         "the weights' dtype (default: the imported checkpoint's, else float32).")
     flags.DEFINE_integer("step", None, "to_hf: the checkpoint step (default: the latest).")
+    flags.DEFINE_string("to", None, "to_hf: the Hugging Face layout: official, qwen3, "
+                        "qwen3_next, qwen3_5, qwen3_5_moe (default: the layout the run was "
+                        "imported from, else official).")
 
 
 if __name__ == "__main__":

@@ -156,23 +156,34 @@ def load_for_generation(workdir: str = "", hf_dir: str = "") -> tuple[Transforme
     """(model, run config, tokenizer) of a run's workdir or of a Hugging Face folder."""
     if bool(workdir) == bool(hf_dir):
         raise ValueError("give exactly one of --workdir (a run) and --hf (a Hugging Face folder)")
+    from gated_attention.data.tokenizer import get_tokenizer
+
     if hf_dir:
         from gated_attention import hf
-        from gated_attention.data import hf_tokenizer
+        from gated_attention.hf import run_files
 
         model, config = hf.load_pretrained(hf_dir)
-        tokenizer_file = pathlib.Path(hf_dir) / hf.TOKENIZER_FILE
-        if not tokenizer_file.exists():
-            raise FileNotFoundError(f"{tokenizer_file} not found: --hf needs the model's "
-                                    "tokenizer.json beside config.json")
-        return model, config, hf_tokenizer.HFTokenizer(tokenizer_file)
+        # the folder's tokenizer and input settings (data.add_bos, ...), as an import reads them
+        if not run_files.apply(pathlib.Path(hf_dir), config):
+            raise FileNotFoundError(f"{hf_dir} holds no tokenizer: --hf needs the model's "
+                                    "tokenizer.model or tokenizer.json beside config.json")
+        tokenizer = get_tokenizer(config.data.tokenizer, config.model.vocab_size,
+                                  model_path=config.data.get("tokenizer_path", ""))
+        return model, config, tokenizer
     from gated_attention import train
-    from gated_attention.data.tokenizer import get_tokenizer
 
     model, config = train.load_params(workdir)
     tokenizer = get_tokenizer(config.data.tokenizer, config.model.vocab_size, workdir=workdir,
                               model_path=config.data.get("tokenizer_path", ""))
     return model, config, tokenizer
+
+
+def encode_prompt(text: str, tokenizer: Any, config: Any) -> list[int]:
+    """The prompt's ids as the run's input had them (a BOS first when data.add_bos)."""
+    prompt = [int(i) for i in tokenizer.encode([text])[0]]
+    if config.data.get("add_bos", False):
+        prompt = [int(tokenizer.bos_id)] + prompt
+    return prompt
 
 
 def main(argv: list[str]) -> None:
@@ -186,9 +197,7 @@ def main(argv: list[str]) -> None:
         model, config, tokenizer = load_for_generation(FLAGS.workdir or "", FLAGS.hf or "")
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"Error: {err}")
-    prompt = [int(i) for i in tokenizer.encode([FLAGS.prompt])[0]]
-    if config.data.get("add_bos", False):
-        prompt = [int(tokenizer.bos_id)] + prompt
+    prompt = encode_prompt(FLAGS.prompt, tokenizer, config)
     if not prompt:
         sys.exit("Error: --prompt encodes to no tokens")
     new = generate(model, [prompt], FLAGS.max_new_tokens, temperature=FLAGS.temperature,
@@ -205,7 +214,7 @@ def _define_flags() -> None:
 
     flags.DEFINE_string("workdir", None, "A training run (or a `convert from_hf` workdir).")
     flags.DEFINE_string("hf", None, "A Hugging Face folder (config.json, safetensors, "
-                        "tokenizer.json), instead of --workdir.")
+                        "tokenizer.model or tokenizer.json), instead of --workdir.")
     flags.DEFINE_string("prompt", "The", "Text to continue.")
     flags.DEFINE_integer("max_new_tokens", 64, "Tokens to generate.")
     flags.DEFINE_float("temperature", 0.0, "0 = greedy; else sample softmax(logits / T).")

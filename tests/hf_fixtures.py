@@ -143,9 +143,10 @@ def rope_frequencies(hf: dict[str, Any]) -> tuple[np.ndarray, float]:
 
 
 def numpy_forward(hf: dict[str, Any], tensors: dict[str, np.ndarray], ids: np.ndarray,
-                  *, naive_gate_split: bool = False) -> np.ndarray:
+                  *, naive_gate_split: bool = False, per_head_split: bool = False) -> np.ndarray:
     """Logits [b, s, vocab] in float64. naive_gate_split: take q_proj's first H*d rows as the
-    queries and the rest as the gates (the wrong, contiguous reading)."""
+    queries and the rest as the gates (the wrong, contiguous reading); per_head_split: read
+    q_proj per query head as Qwen3-Next does (wrong for this layout too)."""
     t = {k: np.asarray(v, np.float64) for k, v in tensors.items()}
     H, kv, d = hf["num_attention_heads"], hf["num_key_value_heads"], hf["head_dim"]
     G, eps = H // kv, hf["rms_norm_eps"]
@@ -169,7 +170,10 @@ def numpy_forward(hf: dict[str, Any], tensors: dict[str, np.ndarray], ids: np.nd
         h = _rms(x, t[p + "input_layernorm.weight"], eps)
         q_all = linear(h, "self_attn.q_proj")
         gate = None
-        if width and naive_gate_split:
+        if width and per_head_split:
+            both = q_all.reshape(b, s, H, d + width)
+            q, gate = both[..., :d], both[..., d:]
+        elif width and naive_gate_split:
             q, gate = q_all[..., : H * d], q_all[..., H * d:]
             q, gate = q.reshape(b, s, H, d), gate.reshape(b, s, H, width)
         elif width:
@@ -220,3 +224,192 @@ def numpy_forward(hf: dict[str, Any], tensors: dict[str, np.ndarray], ids: np.nd
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
+
+
+# ------------- the Qwen3-Next family (qwen3_next, qwen3_5_text, qwen3_5_moe_text) -------------
+# Written from transformers' modeling_qwen3_next / modeling_qwen3_5(_moe): q_proj's output viewed
+# as [.., heads, 2 * head_dim] and chunked into (query, gate) per head; the gate flattened to
+# [.., heads * head_dim] multiplies the attention output through a sigmoid before o_proj; every
+# RMSNorm is x / rms(x) * (1 + w); q/k norms per head before RoPE; RoPE (rotate_half) on the
+# first int(head_dim * partial_rotary_factor) channels with frequencies of that dimension; MoE:
+# softmax router, top-k, renormalised (norm_topk_prob; always in Qwen3.5-MoE), plus a shared
+# SwiGLU expert times sigmoid(shared_expert_gate(x)).
+
+NEXT_TYPES = {"qwen3_next": ("Qwen3NextForCausalLM", "qwen3_next"),
+              "qwen3_5": ("Qwen3_5ForCausalLM", "qwen3_5_text"),
+              "qwen3_5_moe": ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text")}
+MULTIMODAL_TYPES = {"qwen3_5": ("Qwen3_5ForConditionalGeneration", "qwen3_5"),
+                    "qwen3_5_moe": ("Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe")}
+
+
+def tiny_next_config(layout: str = "qwen3_next", *, moe: bool | None = None, tied: bool = False,
+                     **overrides: Any) -> dict[str, Any]:
+    """A tiny all-full-attention config.json of `layout` (MoE for qwen3_5_moe, and for qwen3_next
+    unless moe=False); partial rotary 0.5 of head_dim 8 (4 channels rotate)."""
+    architecture, model_type = NEXT_TYPES[layout]
+    moe = layout == "qwen3_5_moe" or (layout == "qwen3_next" and moe is not False)
+    hf: dict[str, Any] = {
+        "architectures": [architecture], "model_type": model_type,
+        "vocab_size": 61, "hidden_size": 32, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 128,
+        "tie_word_embeddings": tied, "attention_bias": False, "torch_dtype": "float32",
+        "layer_types": ["full_attention", "full_attention"],
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                            "partial_rotary_factor": 0.5},
+        "eos_token_id": 60,
+    }
+    if layout != "qwen3_5_moe":
+        hf["intermediate_size"] = 40
+    if layout == "qwen3_5" or layout == "qwen3_5_moe":
+        hf["rope_parameters"].update(mrope_section=[1, 1, 0], mrope_interleaved=True)
+        hf["mtp_num_hidden_layers"] = 0
+    if layout == "qwen3_next":
+        hf.update(decoder_sparse_step=1, mlp_only_layers=[], num_experts=4 if moe else 0,
+                  norm_topk_prob=True)
+    if moe:
+        hf.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                  shared_expert_intermediate_size=20)
+    hf.update(overrides)
+    return hf
+
+
+def multimodal_config(text: dict[str, Any], layout: str = "qwen3_5") -> dict[str, Any]:
+    """The multimodal wrapper of a text config (the vision fields only as placeholders)."""
+    architecture, model_type = MULTIMODAL_TYPES[layout]
+    inner = {k: v for k, v in text.items() if k not in ("architectures", "tie_word_embeddings")}
+    return {"architectures": [architecture], "model_type": model_type, "text_config": inner,
+            "vision_config": {"depth": 1, "hidden_size": 8}, "image_token_id": 59,
+            "tie_word_embeddings": text["tie_word_embeddings"]}
+
+
+def _is_moe(hf: dict[str, Any]) -> bool:
+    return hf["model_type"] == "qwen3_5_moe_text" or (
+        hf["model_type"] == "qwen3_next" and hf.get("num_experts", 0) > 0)
+
+
+def random_next_tensors(hf: dict[str, Any], seed: int = 0) -> dict[str, np.ndarray]:
+    """Tensors as save_pretrained writes them (experts one by one), drawn from the config."""
+    rng = np.random.default_rng(seed)
+    D, H, kv, d = (hf["hidden_size"], hf["num_attention_heads"], hf["num_key_value_heads"],
+                   hf["head_dim"])
+
+    def w(*shape: int, scale: float = 0.3) -> np.ndarray:
+        return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:  # zero-centred: the weight is around 0
+        return (0.2 * rng.standard_normal(n)).astype(np.float32)
+
+    t = {"model.embed_tokens.weight": w(hf["vocab_size"], D, scale=1.0),
+         "model.norm.weight": norm(D)}
+    if not hf["tie_word_embeddings"]:
+        t["lm_head.weight"] = w(hf["vocab_size"], D)
+    for i in range(hf["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t.update({
+            p + "input_layernorm.weight": norm(D), p + "post_attention_layernorm.weight": norm(D),
+            p + "self_attn.q_proj.weight": w(H * 2 * d, D),
+            p + "self_attn.k_proj.weight": w(kv * d, D),
+            p + "self_attn.v_proj.weight": w(kv * d, D),
+            p + "self_attn.o_proj.weight": w(D, H * d),
+            p + "self_attn.q_norm.weight": norm(d), p + "self_attn.k_norm.weight": norm(d),
+        })
+        if _is_moe(hf):
+            F, S = hf["moe_intermediate_size"], hf["shared_expert_intermediate_size"]
+            t[p + "mlp.gate.weight"] = w(hf["num_experts"], D, scale=1.0)
+            for e in range(hf["num_experts"]):
+                q = f"{p}mlp.experts.{e}."
+                t.update({q + "gate_proj.weight": w(F, D), q + "up_proj.weight": w(F, D),
+                          q + "down_proj.weight": w(D, F)})
+            t.update({p + "mlp.shared_expert.gate_proj.weight": w(S, D),
+                      p + "mlp.shared_expert.up_proj.weight": w(S, D),
+                      p + "mlp.shared_expert.down_proj.weight": w(D, S),
+                      p + "mlp.shared_expert_gate.weight": w(1, D, scale=1.0)})
+        else:
+            F = hf["intermediate_size"]
+            t.update({p + "mlp.gate_proj.weight": w(F, D), p + "mlp.up_proj.weight": w(F, D),
+                      p + "mlp.down_proj.weight": w(D, F)})
+    return t
+
+
+def multimodal_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The text tensors under `model.language_model.`, plus a vision tensor."""
+    out = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
+           for k, v in tensors.items()}
+    out["model.visual.patch_embed.proj.weight"] = np.ones((8, 3, 2, 2, 2), np.float32)
+    return out
+
+
+def _rms_zero_centred(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * (1.0 + w)
+
+
+def numpy_next_forward(hf: dict[str, Any], tensors: dict[str, np.ndarray], ids: np.ndarray,
+                       *, split: str = "per_head") -> np.ndarray:
+    """Logits [b, s, vocab] in float64. split="kv_group" reads q_proj as the official release
+    does (per kv group: the G queries, then the G gates): the wrong reading for this layout."""
+    t = {k: np.asarray(v, np.float64) for k, v in tensors.items()}
+    H, kv, d = hf["num_attention_heads"], hf["num_key_value_heads"], hf["head_dim"]
+    G, eps = H // kv, hf["rms_norm_eps"]
+    rope = hf.get("rope_parameters") or {}
+    factor = hf.get("partial_rotary_factor", rope.get("partial_rotary_factor", 0.25))
+    theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+    rot = int(d * factor)
+    b, s = ids.shape
+    inv_freq = 1.0 / theta ** (np.arange(0, rot, 2) / rot)
+    freqs = np.arange(s)[:, None] * inv_freq[None]
+    emb = np.concatenate([freqs, freqs], axis=-1)  # [s, rot]
+    cos, sin = np.cos(emb)[None, :, None], np.sin(emb)[None, :, None]
+
+    def rotary(x: np.ndarray) -> np.ndarray:
+        x_rot, x_pass = x[..., :rot], x[..., rot:]
+        return np.concatenate([x_rot * cos + _rotate_half(x_rot) * sin, x_pass], axis=-1)
+
+    causal = np.tril(np.ones((s, s), bool))
+    x = t["model.embed_tokens.weight"][ids]
+    for i in range(hf["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        h = _rms_zero_centred(x, t[p + "input_layernorm.weight"], eps)
+        q_all = h @ t[p + "self_attn.q_proj.weight"].T  # [b, s, H * 2d]
+        if split == "per_head":
+            both = q_all.reshape(b, s, H, 2 * d)
+            q, gate = both[..., :d], both[..., d:].reshape(b, s, H * d)
+        else:
+            grouped = q_all.reshape(b, s, kv, 2 * G * d)
+            q = grouped[..., : G * d].reshape(b, s, H, d)
+            gate = grouped[..., G * d:].reshape(b, s, H * d)
+        q = _rms_zero_centred(q, t[p + "self_attn.q_norm.weight"], eps)
+        k = (h @ t[p + "self_attn.k_proj.weight"].T).reshape(b, s, kv, d)
+        k = _rms_zero_centred(k, t[p + "self_attn.k_norm.weight"], eps)
+        v = (h @ t[p + "self_attn.v_proj.weight"].T).reshape(b, s, kv, d)
+        q, k = rotary(q), rotary(k)
+        k, v = np.repeat(k, G, axis=2), np.repeat(v, G, axis=2)
+        scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(d)
+        scores = np.where(causal, scores, -np.inf)
+        probs = _softmax(scores)
+        attn = np.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, H * d)
+        attn = attn * _sigmoid(gate)
+        x = x + attn @ t[p + "self_attn.o_proj.weight"].T
+        h = _rms_zero_centred(x, t[p + "post_attention_layernorm.weight"], eps)
+
+        def mlp(h: np.ndarray, q_: str) -> np.ndarray:
+            return (_silu(h @ t[q_ + "gate_proj.weight"].T) * (h @ t[q_ + "up_proj.weight"].T)
+                    ) @ t[q_ + "down_proj.weight"].T
+
+        if _is_moe(hf):
+            router = _softmax(h @ t[p + "mlp.gate.weight"].T)
+            top = np.argsort(-router, axis=-1)[..., : hf["num_experts_per_tok"]]
+            weights = np.take_along_axis(router, top, axis=-1)
+            if hf["model_type"] == "qwen3_5_moe_text" or hf.get("norm_topk_prob", True):
+                weights = weights / weights.sum(-1, keepdims=True)
+            out = np.zeros_like(x)
+            for e in range(hf["num_experts"]):
+                share = np.where(top == e, weights, 0.0).sum(-1, keepdims=True)
+                out += share * mlp(h, f"{p}mlp.experts.{e}.")
+            shared_gate = _sigmoid(h @ t[p + "mlp.shared_expert_gate.weight"].T)  # [b, s, 1]
+            x = x + out + shared_gate * mlp(h, p + "mlp.shared_expert.")
+        else:
+            x = x + mlp(h, p + "mlp.")
+    x = _rms_zero_centred(x, t["model.norm.weight"], eps)
+    head = t["model.embed_tokens.weight"] if hf["tie_word_embeddings"] else t["lm_head.weight"]
+    return x @ head.T

@@ -106,3 +106,65 @@ def test_convert_refuses_before_writing(hf_folder, tmp_path):
     config.train.init_from = str(tmp_path / "busy")
     with pytest.raises(config_lib.ConfigError, match="is not a run workdir with checkpoints"):
         config_lib.validate_run_config(config)
+
+
+def _greedy_text(model, config, tokenizer, prompt: str = "The import statement") -> str:
+    ids = generate.encode_prompt(prompt, tokenizer, config)
+    new = generate.generate(model, [ids], max_new_tokens=12)[0]
+    return tokenizer.decode([int(i) for i in new])
+
+
+@pytest.mark.slow  # trains a SentencePiece model and 3 steps; ~15 s on idle cores
+def test_a_run_survives_its_own_hugging_face_round_trip(tmp_path):
+    """A SentencePiece run with data.add_bos exported and imported generates the source's text:
+    the tokenizer and the input settings travel with the weights (and generate --hf reads them)."""
+    import os
+
+    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config.model.update(dict(vocab_size=512, num_layers=1, d_model=32, num_heads=2,
+                             num_kv_heads=1, head_dim=16, mlp_dim=64))
+    config.data.update(dict(source="files", paths=write_jsonl(tmp_path / "c.jsonl", texts(60)),
+                            tokenizer="sentencepiece", add_bos=True, seq_len=32,
+                            cache_dir=str(tmp_path / "cache"), eval_fraction=0.2))
+    config.train.update(dict(steps=3, batch_size=4, eval_every=0, eval_batches=0, log_every=1,
+                             checkpoint_every=0, async_checkpoint=False))
+    config.optimizer.update(dict(warmup_steps=1, peak_lr=3e-2))
+    train.run(config, tmp_path / "run", progress=False, devices=jax.devices()[:1])
+
+    model, source_config, tokenizer = generate.load_for_generation(workdir=str(tmp_path / "run"))
+    source_text = _greedy_text(model, source_config, tokenizer)
+    written = convert.to_hf(tmp_path / "run", tmp_path / "out")
+    assert {"tokenizer.model", "tokenizer_config.json", "gated_attention.json"} <= set(written)
+    tok_config = json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())
+    assert tok_config["add_bos_token"] is True and tok_config["bos_token"] == "<s>"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "out" / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+
+    model, hf_config, tokenizer = generate.load_for_generation(hf_dir=str(tmp_path / "out"))
+    assert hf_config.data.add_bos is True and hf_config.data.tokenizer == "sentencepiece"
+    assert _greedy_text(model, hf_config, tokenizer) == source_text  # generate --hf
+
+    imported = convert.from_hf(tmp_path / "out", tmp_path / "back")
+    assert imported.data.add_bos is True and imported.data.tokenizer == "sentencepiece"
+    assert ((tmp_path / "back" / "tokenizer.model").read_bytes()
+            == (tmp_path / "run" / "tokenizer.model").read_bytes())
+    model, back_config, tokenizer = generate.load_for_generation(workdir=str(tmp_path / "back"))
+    assert _greedy_text(model, back_config, tokenizer) == source_text
+    # and the negative control: without the input settings the text is another one
+    back_config.data.add_bos = False
+    assert _greedy_text(model, back_config, tokenizer) != source_text
+
+
+def test_an_import_without_a_tokenizer_says_what_to_set(hf_folder, tmp_path, capsys):
+    folder, _ = hf_folder
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (bare / name).write_bytes((folder / name).read_bytes())
+    convert.from_hf(bare, tmp_path / "run")
+    assert "holds no tokenizer" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="data.tokenizer_path is empty"):
+        generate.load_for_generation(workdir=str(tmp_path / "run"))
+    with pytest.raises(FileNotFoundError, match="holds no tokenizer: --hf needs"):
+        generate.load_for_generation(hf_dir=str(bare))

@@ -139,8 +139,11 @@ def get_tokenizer(kind: str, vocab_size: int, train_documents: Sequence[Document
         tokenizer = SentencePieceTokenizer(in_workdir or model_path)
     else:
         if train_documents is None:
-            raise ValueError("a SentencePiece tokenizer must be trained, but no training "
-                             "documents were given")
+            where = f"{in_workdir} does not exist" if in_workdir is not None else "no workdir"
+            raise ValueError(f"data.tokenizer='sentencepiece' has no model: {where} and "
+                             "data.tokenizer_path is empty (set it to a .model file, or to a "
+                             "tokenizer.json with data.tokenizer='hf'; training one needs the "
+                             "training documents)")
         key = sentencepiece_cache_key(train_documents, vocab_size, model_type,
                                       input_sentence_size)
         cached = cache_root(cache_dir) / "tokenizers" / f"sp-{key}.model"

@@ -1,4 +1,5 @@
-"""Hugging Face `config.json` (Qwen3, Qwen3-MoE, the paper's gated release) <-> run config.
+"""Hugging Face `config.json` (Qwen3, Qwen3-MoE, the paper's gated release, and the Qwen3-Next
+family in hf/next_config.py) <-> run config.
 
 Import reads the architecture fields, picks the variant from the release's gate flags
 (`headwise_attn_output_gate` -> g1_sdpa_headwise, `elementwise_attn_output_gate` ->
@@ -20,19 +21,49 @@ import ml_collections
 
 from gated_attention import config_lib
 from gated_attention.config_lib import ConfigError
+from gated_attention.hf import layouts, next_config
+from gated_attention.hf.rope_fields import hf_rope_scaling, rope_fields
 
 DENSE_ARCHITECTURE, MOE_ARCHITECTURE = "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"
 ARCHITECTURES = {DENSE_ARCHITECTURE: "qwen3", MOE_ARCHITECTURE: "qwen3_moe"}
 GATE_FLAGS = {"headwise_attn_output_gate": "g1_sdpa_headwise",
               "elementwise_attn_output_gate": "g1_sdpa_elementwise"}
-EXPORTABLE_VARIANTS = ("baseline", "g1_sdpa_headwise", "g1_sdpa_elementwise")
-ROPE_TYPES = ("default", "linear", "yarn")
-YARN_KEYS = {"rope_type", "type", "factor", "original_max_position_embeddings", "beta_fast",
-             "beta_slow", "attention_factor", "rope_theta", "truncate"}
 
 
 def _fail(where: str, message: str) -> None:
     raise ConfigError(f"{where}: {message}")
+
+
+def detect(hf: dict[str, Any], where: str = "config.json") -> tuple[str, dict[str, Any]]:
+    """(layout name, the text model's config) of a config.json; refuses other architectures.
+
+    A multimodal Qwen3.5 config holds the text model under `text_config`; the top level's
+    tie_word_embeddings and dtype apply to it.
+    """
+    names = hf.get("architectures") or []
+    model_type = hf.get("model_type")
+    multimodal = [layouts.MULTIMODAL[n] for n in names if n in layouts.MULTIMODAL]
+    if not multimodal and not names and model_type in layouts.MULTIMODAL_MODEL_TYPES:
+        multimodal = [layouts.MULTIMODAL_MODEL_TYPES[model_type]]
+    if multimodal:
+        text = hf.get("text_config")
+        if not isinstance(text, dict):
+            _fail(where, "text_config is missing; a multimodal Qwen3.5 config keeps the text "
+                  "model's fields there")
+        inherited = {k: hf[k] for k in ("tie_word_embeddings", "torch_dtype", "dtype")
+                     if k in hf and k not in text}
+        return multimodal[0], {**text, **inherited}
+    known = [layouts.ARCHITECTURES[n] for n in names if n in layouts.ARCHITECTURES]
+    supported = [*layouts.ARCHITECTURES, *layouts.MULTIMODAL]
+    if names and not known:
+        _fail(where, f"architectures={names} is not supported; choose one of "
+              f"{', '.join(supported)}")
+    if known:
+        return known[0], hf
+    if model_type not in layouts.MODEL_TYPES:
+        _fail(where, f"model_type={model_type!r} is not supported; choose one of "
+              f"{', '.join([*layouts.MODEL_TYPES, *layouts.MULTIMODAL_MODEL_TYPES])}")
+    return layouts.MODEL_TYPES[model_type], hf
 
 
 def is_moe(hf: dict[str, Any], where: str = "config.json") -> bool:
@@ -49,58 +80,10 @@ def is_moe(hf: dict[str, Any], where: str = "config.json") -> bool:
     return model_type == "qwen3_moe"
 
 
-def rope_fields(hf: dict[str, Any], where: str = "config.json"
-                ) -> tuple[float, dict[str, Any]]:
-    """(rope_base, config.model.rope_scaling fields) from `rope_theta` and `rope_scaling`
-    (or transformers 5's `rope_parameters`, which holds both)."""
-    parameters = hf.get("rope_parameters") or {}
-    theta = float(hf.get("rope_theta", parameters.get("rope_theta", 10_000.0)))
-    field = "rope_scaling" if hf.get("rope_scaling") is not None else "rope_parameters"
-    spec = hf.get(field) or {}
-    kind = spec.get("rope_type", spec.get("type", "default"))
-    none = dict(type="none", factor=1.0, original_max_position=0, beta_fast=32.0,
-                beta_slow=1.0, attention_factor=0.0)
-    if kind == "default":
-        return theta, none
-    if kind not in ROPE_TYPES:
-        _fail(where, f"{field}.rope_type={kind!r} is not supported; choose one of "
-              f"{', '.join(ROPE_TYPES)}")
-    factor = float(spec.get("factor", 1.0))
-    if kind == "linear":
-        return theta, {**none, "type": "linear", "factor": factor}
-    unknown = sorted(set(spec) - YARN_KEYS)
-    if unknown:
-        _fail(where, f"{field}.{unknown[0]} is not supported for yarn; supported: "
-              f"{', '.join(sorted(YARN_KEYS))}")
-    if spec.get("truncate", True) is not True:
-        _fail(where, f"{field}.truncate=False is not supported; only the default True")
-    original = spec.get("original_max_position_embeddings") or hf.get("max_position_embeddings")
-    return theta, {**none, "type": "yarn", "factor": factor,
-                   "original_max_position": int(original or 0),
-                   "beta_fast": float(spec.get("beta_fast") or 32.0),
-                   "beta_slow": float(spec.get("beta_slow") or 1.0),
-                   "attention_factor": float(spec.get("attention_factor") or 0.0)}
-
-
-def hf_rope_scaling(fields: dict[str, Any]) -> dict[str, Any] | None:
-    """The Hugging Face `rope_scaling` dict for config.model.rope_scaling fields."""
-    kind = fields.get("type", "none")
-    if kind == "none":
-        return None
-    if kind == "linear":
-        return {"rope_type": "linear", "factor": float(fields["factor"])}
-    if kind == "yarn":
-        out = {"rope_type": "yarn", "factor": float(fields["factor"]),
-               "original_max_position_embeddings": int(fields["original_max_position"]),
-               "beta_fast": float(fields["beta_fast"]), "beta_slow": float(fields["beta_slow"])}
-        if fields.get("attention_factor"):
-            out["attention_factor"] = float(fields["attention_factor"])
-        return out
-    raise ConfigError(f"model.rope_scaling.type={kind!r} has no Hugging Face form; choose one of "
-                      "none, linear, yarn")
-
-
 def variant_name(hf: dict[str, Any], where: str = "config.json") -> str:
+    layout, hf = detect(hf, where)
+    if layouts.LAYOUTS[layout].next_family:  # q_proj always holds an elementwise gate
+        return "g1_sdpa_elementwise"
     on = [flag for flag in GATE_FLAGS if hf.get(flag)]
     if len(on) > 1:
         _fail(where, f"{on[0]} and {on[1]} are both true; at most one gate flag may be set")
@@ -109,6 +92,9 @@ def variant_name(hf: dict[str, Any], where: str = "config.json") -> str:
 
 def model_fields(hf: dict[str, Any], where: str = "config.json") -> dict[str, Any]:
     """The config.model fields of a Hugging Face config (validated; errors name the field)."""
+    layout, hf = detect(hf, where)
+    if layouts.LAYOUTS[layout].next_family:
+        return next_config.model_fields(hf, layouts.LAYOUTS[layout], where)
     moe = is_moe(hf, where)
     for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
         if not isinstance(hf.get(name), int) or hf[name] <= 0:
@@ -138,8 +124,8 @@ def model_fields(hf: dict[str, Any], where: str = "config.json") -> dict[str, An
         tied_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qk_norm=bool(hf.get("use_qk_norm", True)), zero_centred_norm=False,
         rope_base=rope_base, norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        qkv_bias=bias, o_proj_bias=bias,
-        num_experts=0, experts_per_token=0, expert_mlp_dim=0,
+        qkv_bias=bias, o_proj_bias=bias, partial_rotary_factor=1.0,
+        num_experts=0, experts_per_token=0, expert_mlp_dim=0, shared_expert_mlp_dim=0,
     )
     if moe:
         if hf.get("decoder_sparse_step", 1) != 1:
@@ -191,7 +177,7 @@ def run_config(hf: dict[str, Any], *, dtype: str = "float32",
         field = "rope_scaling" if hf.get("rope_scaling") is not None else "rope_parameters"
         _fail(where, f"{field}.rope_type={rope_scaling['type']!r} needs config.model.rope_scaling, "
               "which this build lacks; only default RoPE")
-    max_len = hf.get("max_position_embeddings")
+    max_len = detect(hf, where)[1].get("max_position_embeddings")
     if isinstance(max_len, int) and max_len > 1:
         config.data.seq_len = min(config.data.seq_len, max_len)
     config.hf_config = json.dumps(hf, sort_keys=True)
@@ -199,49 +185,100 @@ def run_config(hf: dict[str, Any], *, dtype: str = "float32",
     return config
 
 
-def hf_config(config: ml_collections.ConfigDict, *, dtype: str) -> dict[str, Any]:
-    """The Hugging Face config.json for a run config (refuses what Qwen3 cannot express)."""
-    cfg = config_lib.model_config(config)
+def source_layout(config: ml_collections.ConfigDict) -> str:
+    """The layout a run was imported from (official for the project's own runs)."""
+    original = json.loads(config.get("hf_config") or "null")
+    return detect(original)[0] if original else "official"
+
+
+def check_exportable(cfg: config_lib.ModelConfig, layout: layouts.Layout) -> None:
+    """One-line refusals of what `layout` cannot express exactly, before anything is written."""
     variant = cfg.variant
-    if variant != config_lib.get_variant(variant.name) or variant.name not in EXPORTABLE_VARIANTS:
-        raise ConfigError(f"attention: variant {variant.name!r} (as configured) has no Hugging "
-                          f"Face layout; exportable: {', '.join(EXPORTABLE_VARIANTS)}")
-    if cfg.zero_centred_norm:
-        raise ConfigError("model.zero_centred_norm=True has no Qwen3 form; only False")
+    if variant != config_lib.get_variant(variant.name):
+        raise ConfigError(f"variant={variant.name!r} is edited (its fields differ from the named "
+                          "variant), which no Hugging Face layout describes")
+    if variant.name not in layout.variants:
+        holding = layouts.layouts_holding(variant.name)
+        raise ConfigError(f"variant={variant.name!r} has no {layout.name} form; layouts that can "
+                          f"hold it: {', '.join(holding) or 'none'}")
     if cfg.qkv_bias != cfg.o_proj_bias:
         raise ConfigError(f"model.qkv_bias={cfg.qkv_bias} and model.o_proj_bias="
                           f"{cfg.o_proj_bias} differ; Qwen3 has one switch for both")
-    if cfg.qkv_bias and variant.name != "baseline":
+    if cfg.qkv_bias and (variant.name != "baseline" or layout.next_family):
         raise ConfigError("model.qkv_bias=True with a gate packed into q_proj has no Hugging "
-                          "Face form; only False")
-    heads, kv_heads = cfg.heads
-    out: dict[str, Any] = {
-        "architectures": [MOE_ARCHITECTURE if cfg.is_moe else DENSE_ARCHITECTURE],
-        "model_type": "qwen3_moe" if cfg.is_moe else "qwen3",
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
-        "num_hidden_layers": cfg.num_layers, "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads, "head_dim": cfg.head_dim,
-        "intermediate_size": cfg.mlp_dim, "hidden_act": "silu",
-        "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_base,
-        "rope_scaling": hf_rope_scaling(dict(config.model.get("rope_scaling") or {})),
-        "tie_word_embeddings": cfg.tied_embeddings, "use_qk_norm": cfg.qk_norm,
-        "attention_bias": cfg.qkv_bias, "qkv_bias": cfg.qkv_bias,
-        "headwise_attn_output_gate": variant.name == "g1_sdpa_headwise",
-        "elementwise_attn_output_gate": variant.name == "g1_sdpa_elementwise",
-        "use_sliding_window": False, "attention_dropout": 0.0,
-        "max_position_embeddings": int(config.data.seq_len), "torch_dtype": dtype,
-    }
-    if cfg.is_moe:
-        experts, top_k = cfg.experts
-        out.update(num_experts=experts, num_experts_per_tok=top_k,
-                   moe_intermediate_size=cfg.expert_mlp_dim,
-                   norm_topk_prob=cfg.moe_renormalize, decoder_sparse_step=1,
-                   mlp_only_layers=[])
+                          f"Face form ({layout.name}); only False")
+    next_names = [n for n, lay in layouts.LAYOUTS.items() if lay.next_family]
+    if not layout.next_family:
+        if cfg.partial_rotary_factor != 1.0:
+            raise ConfigError(f"model.partial_rotary_factor={cfg.partial_rotary_factor} has no "
+                              f"{layout.name} form (every channel rotates); layouts that can: "
+                              f"{', '.join(next_names)}")
+        if cfg.shared_expert_mlp_dim:
+            raise ConfigError(f"model.shared_expert_mlp_dim={cfg.shared_expert_mlp_dim} has no "
+                              f"{layout.name} form; layouts that can: qwen3_next, qwen3_5_moe")
+        return
+    if not cfg.qk_norm:
+        raise ConfigError(f"model.qk_norm=False has no {layout.name} form (q and k are always "
+                          "normalised); layouts that can: official, qwen3")
+    if cfg.is_moe and layout.moe_architecture is None:
+        raise ConfigError(f"model.num_experts={cfg.num_experts}: {layout.name} is dense; layouts "
+                          "that can hold MoE layers: official, qwen3_next, qwen3_5_moe")
+    if not cfg.is_moe and layout.dense_architecture is None:
+        raise ConfigError(f"model.num_experts=0: {layout.name} is MoE only; layouts that can hold "
+                          "a dense model: official, qwen3_next, qwen3_5")
+    if cfg.is_moe and not cfg.shared_expert_mlp_dim:
+        raise ConfigError(f"model.shared_expert_mlp_dim=0: {layout.name}'s MoE layers always have "
+                          "a shared expert; layouts that can hold this run: official")
+    if cfg.is_moe and layout.name == "qwen3_5_moe" and not cfg.moe_renormalize:
+        raise ConfigError("model.moe_renormalize=False has no qwen3_5_moe form (its router always "
+                          "renormalises); layouts that can: official, qwen3_next")
+
+
+def hf_config(config: ml_collections.ConfigDict, *, dtype: str,
+              layout: str | None = None) -> dict[str, Any]:
+    """The Hugging Face config.json of a run config in `layout` (default: the layout it was
+    imported from, else official); refuses what the layout cannot express."""
+    cfg = config_lib.model_config(config)
+    target = layouts.get_layout(layout or source_layout(config))
+    check_exportable(cfg, target)
+    variant = cfg.variant
+    rope = hf_rope_scaling(dict(config.model.get("rope_scaling") or {}))
+    if target.next_family:
+        out = next_config.hf_fields(cfg, target, rope, int(config.data.seq_len))
+        out["torch_dtype"] = dtype
+    else:
+        heads, kv_heads = cfg.heads
+        out = {
+            "architectures": [target.moe_architecture if cfg.is_moe
+                              else target.dense_architecture],
+            "model_type": target.moe_model_type if cfg.is_moe else target.dense_model_type,
+            "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
+            "num_hidden_layers": cfg.num_layers, "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads, "head_dim": cfg.head_dim,
+            "intermediate_size": cfg.mlp_dim, "hidden_act": "silu",
+            "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_base, "rope_scaling": rope,
+            "tie_word_embeddings": cfg.tied_embeddings, "use_qk_norm": cfg.qk_norm,
+            "attention_bias": cfg.qkv_bias, "qkv_bias": cfg.qkv_bias,
+            "headwise_attn_output_gate": variant.name == "g1_sdpa_headwise",
+            "elementwise_attn_output_gate": variant.name == "g1_sdpa_elementwise",
+            "use_sliding_window": False, "attention_dropout": 0.0,
+            "max_position_embeddings": int(config.data.seq_len), "torch_dtype": dtype,
+        }
+        if cfg.is_moe:
+            experts, top_k = cfg.experts
+            out.update(num_experts=experts, num_experts_per_tok=top_k,
+                       moe_intermediate_size=cfg.expert_mlp_dim,
+                       norm_topk_prob=cfg.moe_renormalize, decoder_sparse_step=1,
+                       mlp_only_layers=[])
     original = json.loads(config.get("hf_config") or "null")
-    if original is None:
+    if original is None or detect(original)[0] != target.name:
         return out
+    text = detect(original)[1]  # a multimodal import exports its text model
     # An imported run: keep the original file where it still describes this model.
-    merged = dict(original) if _same_model(original, out) else {**original, **out}
+    merged = dict(text) if _same_model(text, out) else {**text, **out}
+    if text is not original:
+        merged.update(architectures=out["architectures"], model_type=out["model_type"])
+    original = text
     for key in ("torch_dtype", "dtype"):  # transformers 4 and 5 name the weights' dtype so
         if key in original or key == "torch_dtype":
             merged[key] = dtype

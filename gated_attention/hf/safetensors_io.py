@@ -56,6 +56,13 @@ def read_tensors(folder: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     return tensors
 
 
+def _usual_mode(path: pathlib.Path) -> None:
+    """The mode open() would give a new file (0666 less the umask): safetensors writes 0600."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
+
+
 def write_tensors(folder: str | os.PathLike[str], tensors: dict[str, np.ndarray], *,
                   max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[str]:
     """Write tensors as one file, or as shards plus an index past `max_shard_bytes`."""
@@ -75,11 +82,13 @@ def write_tensors(folder: str | os.PathLike[str], tensors: dict[str, np.ndarray]
     metadata = {"format": "pt"}  # what transformers expects of a safetensors checkpoint
     if len(shards) == 1:
         save_file(shards[0], str(folder / SINGLE_FILE), metadata=metadata)
+        _usual_mode(folder / SINGLE_FILE)
         return [SINGLE_FILE]
     names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     weight_map = {}
     for name, shard in zip(names, shards):
         save_file(shard, str(folder / name), metadata=metadata)
+        _usual_mode(folder / name)
         weight_map.update({tensor: name for tensor in shard})
     total = sum(a.nbytes for a in tensors.values())
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}

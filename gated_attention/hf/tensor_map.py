@@ -7,6 +7,11 @@ heads per kv head, w = d elementwise or 1 headwise), and each kv group holds the
 its G heads first, then their gate rows. Splitting the rows contiguously ([all queries | all
 gates]) runs without error but mixes heads and gates up whenever kv_heads > 1.
 
+The Qwen3-Next family (hf/layouts.py) packs per *query head* instead: q_proj's output is viewed
+as [heads, 2, d], head h's d query rows then its d gate rows; the gate is always elementwise, so
+a headwise gate is written with its row repeated d times (the same function). Their MoE layers
+add `mlp.shared_expert.*` and `mlp.shared_expert_gate` ([1, D]).
+
 Every function here moves or casts values only, so export(import(x)) == x bit for bit.
 """
 
@@ -18,6 +23,7 @@ import numpy as np
 
 from gated_attention import config_lib
 from gated_attention.config_lib import ConfigError, ModelConfig
+from gated_attention.hf.layouts import LAYOUTS, Layout
 
 Tensors = dict[str, np.ndarray]
 Params = dict[str, np.ndarray]  # dotted project paths, e.g. "layers.0.attention.q_proj"
@@ -26,9 +32,14 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints ca
 DTYPES = {name: np.dtype(dtype) for name, dtype in config_lib.DTYPES.items()}
 
 
-def gate_width(cfg: ModelConfig) -> int:
-    """Gate rows per head packed into q_proj: d (elementwise), 1 (headwise) or 0."""
-    if cfg.variant.name == "g1_sdpa_elementwise":
+OFFICIAL = LAYOUTS["official"]
+SHARED = ("gate_proj", "up_proj", "down_proj")
+
+
+def gate_width(cfg: ModelConfig, layout: Layout = OFFICIAL) -> int:
+    """Gate rows per head packed into q_proj: d (elementwise, or any gate per head), 1
+    (headwise, official) or 0."""
+    if cfg.variant.name == "g1_sdpa_elementwise" or (layout.next_family and cfg.variant.gated):
         return cfg.head_dim
     return 1 if cfg.variant.name == "g1_sdpa_headwise" else 0
 
@@ -39,7 +50,8 @@ def fused_experts(tensors: Tensors) -> bool:
     return "model.layers.0.mlp.experts.gate_up_proj" in tensors
 
 
-def expected_shapes(cfg: ModelConfig, fused: bool = False) -> dict[str, tuple[int, ...]]:
+def expected_shapes(cfg: ModelConfig, fused: bool = False, layout: Layout = OFFICIAL
+                    ) -> dict[str, tuple[int, ...]]:
     """Every Hugging Face tensor the config implies, with its shape (per-expert MoE tensors
     as on the Hub, or `fused` as transformers 5 may save them)."""
     heads, kv_heads = cfg.heads
@@ -52,7 +64,7 @@ def expected_shapes(cfg: ModelConfig, fused: bool = False) -> dict[str, tuple[in
         p = f"model.layers.{i}."
         shapes.update({
             p + "input_layernorm.weight": (D,), p + "post_attention_layernorm.weight": (D,),
-            p + "self_attn.q_proj.weight": (heads * (d + gate_width(cfg)), D),
+            p + "self_attn.q_proj.weight": (heads * (d + gate_width(cfg, layout)), D),
             p + "self_attn.k_proj.weight": (kv_heads * d, D),
             p + "self_attn.v_proj.weight": (kv_heads * d, D),
             p + "self_attn.o_proj.weight": (D, heads * d),
@@ -66,6 +78,12 @@ def expected_shapes(cfg: ModelConfig, fused: bool = False) -> dict[str, tuple[in
             shapes[p + "self_attn.v_proj.bias"] = (kv_heads * d,)
         if cfg.o_proj_bias:
             shapes[p + "self_attn.o_proj.bias"] = (D,)
+        if cfg.shared_expert_mlp_dim:
+            S = cfg.shared_expert_mlp_dim
+            shapes.update({p + "mlp.shared_expert.gate_proj.weight": (S, D),
+                           p + "mlp.shared_expert.up_proj.weight": (S, D),
+                           p + "mlp.shared_expert.down_proj.weight": (D, S),
+                           p + "mlp.shared_expert_gate.weight": (1, D)})
         if cfg.is_moe:
             experts, _ = cfg.experts
             F = cfg.expert_mlp_dim
@@ -85,9 +103,10 @@ def expected_shapes(cfg: ModelConfig, fused: bool = False) -> dict[str, tuple[in
     return shapes
 
 
-def check_tensors(tensors: Tensors, cfg: ModelConfig, where: str) -> None:
+def check_tensors(tensors: Tensors, cfg: ModelConfig, where: str,
+                  layout: Layout = OFFICIAL) -> None:
     """One-line errors for a missing, unexpected or wrongly shaped tensor."""
-    shapes = expected_shapes(cfg, fused_experts(tensors))
+    shapes = expected_shapes(cfg, fused_experts(tensors), layout)
     for name, shape in shapes.items():
         if name not in tensors:
             raise ConfigError(f"{where}: tensor {name} is missing (config.json implies it, "
@@ -103,6 +122,9 @@ def check_tensors(tensors: Tensors, cfg: ModelConfig, where: str) -> None:
                 raise ConfigError(f"{where}: lm_head.weight differs from the embeddings but "
                                   "config.json has tie_word_embeddings=true")
             continue
+        if name.startswith("mtp."):
+            raise ConfigError(f"{where}: tensor {name} is a multi-token-prediction head, which "
+                              "this model does not have (config.json: mtp_num_hidden_layers)")
         raise ConfigError(f"{where}: tensor {name} is not part of the model config.json "
                           "describes (check the architecture and gate flags)")
 
@@ -120,11 +142,14 @@ def _heads_out(p: np.ndarray) -> np.ndarray:
     return p.transpose(1, 2, 0).reshape(heads * d, D)
 
 
-def split_q_proj(w: np.ndarray, cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray | None]:
+def split_q_proj(w: np.ndarray, cfg: ModelConfig, layout: Layout = OFFICIAL
+                 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Packed q_proj [heads*(d+w), D] -> (queries [D, heads, d], gate kernel or None).
 
     The gate kernel is [D, heads, d] (elementwise) or [D, heads] (headwise).
     """
+    if layout.next_family:
+        return split_q_proj_per_head(w, cfg)
     heads, kv_heads = cfg.heads
     d, width, D = cfg.head_dim, gate_width(cfg), cfg.d_model
     group = heads // kv_heads
@@ -136,8 +161,31 @@ def split_q_proj(w: np.ndarray, cfg: ModelConfig) -> tuple[np.ndarray, np.ndarra
     return queries, (gates if width > 1 else gates[:, :, 0])
 
 
-def pack_q_proj(queries: np.ndarray, gate: np.ndarray | None, cfg: ModelConfig) -> np.ndarray:
+def split_q_proj_per_head(w: np.ndarray, cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Qwen3-Next q_proj [heads*2*d, D], rows [head, (query | gate), d] -> (queries, gate),
+    both [D, heads, d]."""
+    heads, _ = cfg.heads
+    d, D = cfg.head_dim, cfg.d_model
+    rows = w.reshape(heads, 2, d, D)
+    return rows[:, 0].transpose(2, 0, 1), rows[:, 1].transpose(2, 0, 1)
+
+
+def pack_q_proj_per_head(queries: np.ndarray, gate: np.ndarray) -> np.ndarray:
+    """The inverse of split_q_proj_per_head; a headwise gate [D, heads] is repeated over d."""
+    D, heads, d = queries.shape
+    if gate.ndim == 2:
+        gate = np.repeat(gate[:, :, None], d, axis=2)
+    both = np.stack([queries, gate], axis=0)  # [2, D, heads, d]
+    return both.transpose(2, 0, 3, 1).reshape(heads * 2 * d, D)
+
+
+def pack_q_proj(queries: np.ndarray, gate: np.ndarray | None, cfg: ModelConfig,
+                layout: Layout = OFFICIAL) -> np.ndarray:
     """The inverse of split_q_proj."""
+    if layout.next_family:
+        if gate is None:
+            raise ConfigError(f"{layout.name}'s q_proj always holds a gate; this model has none")
+        return pack_q_proj_per_head(queries, gate)
     heads, kv_heads = cfg.heads
     d, D = cfg.head_dim, cfg.d_model
     group = heads // kv_heads
@@ -148,7 +196,7 @@ def pack_q_proj(queries: np.ndarray, gate: np.ndarray | None, cfg: ModelConfig) 
     return np.concatenate(rows, axis=1).reshape(-1, D)
 
 
-def to_params(tensors: Tensors, cfg: ModelConfig) -> Params:
+def to_params(tensors: Tensors, cfg: ModelConfig, layout: Layout = OFFICIAL) -> Params:
     """Checked Hugging Face tensors -> project parameters, float32."""
     heads, kv_heads = cfg.heads
     d, D = cfg.head_dim, cfg.d_model
@@ -161,7 +209,7 @@ def to_params(tensors: Tensors, cfg: ModelConfig) -> Params:
     for i in range(cfg.num_layers):
         p, q = f"model.layers.{i}.", f"layers.{i}."
         a = q + "attention."
-        queries, gate = split_q_proj(t[p + "self_attn.q_proj.weight"], cfg)
+        queries, gate = split_q_proj(t[p + "self_attn.q_proj.weight"], cfg, layout)
         params.update({
             q + "attn_norm.scale": t[p + "input_layernorm.weight"],
             q + "ffn_norm.scale": t[p + "post_attention_layernorm.weight"],
@@ -182,6 +230,11 @@ def to_params(tensors: Tensors, cfg: ModelConfig) -> Params:
             params[a + "v_bias"] = t[p + "self_attn.v_proj.bias"].reshape(kv_heads, d)
         if cfg.o_proj_bias:
             params[a + "o_bias"] = t[p + "self_attn.o_proj.bias"]
+        if cfg.shared_expert_mlp_dim:
+            s_ = p + "mlp.shared_expert."
+            params.update({q + f"shared_expert.ffn.{name}": t[s_ + f"{name}.weight"].T
+                           for name in SHARED})
+            params[q + "shared_expert.gate"] = t[p + "mlp.shared_expert_gate.weight"][0]
         if cfg.is_moe and fused_experts(tensors):
             F = cfg.expert_mlp_dim
             gate_up = t[p + "mlp.experts.gate_up_proj"]  # [E, 2F, D]
@@ -209,7 +262,8 @@ def to_params(tensors: Tensors, cfg: ModelConfig) -> Params:
     return params
 
 
-def to_tensors(params: Params, cfg: ModelConfig, dtype: str = "float32") -> Tensors:
+def to_tensors(params: Params, cfg: ModelConfig, dtype: str = "float32",
+               layout: Layout = OFFICIAL) -> Tensors:
     """Project parameters -> Hugging Face tensors in `dtype` (float32, bfloat16, float16)."""
     if dtype not in DTYPES:
         raise ConfigError(f"dtype={dtype!r} is not allowed; choose one of {', '.join(DTYPES)}")
@@ -227,7 +281,7 @@ def to_tensors(params: Params, cfg: ModelConfig, dtype: str = "float32") -> Tens
             p + "input_layernorm.weight": P[q + "attn_norm.scale"],
             p + "post_attention_layernorm.weight": P[q + "ffn_norm.scale"],
             p + "self_attn.q_proj.weight": pack_q_proj(P[a + "q_proj"], P.get(a + "gate.kernel"),
-                                                       cfg),
+                                                       cfg, layout),
             p + "self_attn.k_proj.weight": _heads_out(P[a + "k_proj"]),
             p + "self_attn.v_proj.weight": _heads_out(P[a + "v_proj"]),
             p + "self_attn.o_proj.weight": P[a + "o_proj"].transpose(2, 0, 1)
@@ -242,6 +296,10 @@ def to_tensors(params: Params, cfg: ModelConfig, dtype: str = "float32") -> Tens
             out[p + "self_attn.v_proj.bias"] = P[a + "v_bias"].reshape(kv_heads * d)
         if cfg.o_proj_bias:
             out[p + "self_attn.o_proj.bias"] = P[a + "o_bias"]
+        if cfg.shared_expert_mlp_dim:
+            for name in SHARED:
+                out[p + f"mlp.shared_expert.{name}.weight"] = P[q + f"shared_expert.ffn.{name}"].T
+            out[p + "mlp.shared_expert_gate.weight"] = P[q + "shared_expert.gate"][None, :]
         if cfg.is_moe:
             out[p + "mlp.gate.weight"] = P[q + "ffn.router"].T
             for j in range(cfg.experts[0]):

@@ -95,8 +95,8 @@ class Attention(nnx.Module):
         v = self._gate_at("value", self._project(self.v_proj, x, "v_bias"), x)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q, positions, cfg.rope_base, cfg.rope_scaling)
-        k = apply_rope(k, positions, cfg.rope_base, cfg.rope_scaling)
+        q = apply_rope(q, positions, cfg.rope_base, cfg.rope_scaling, cfg.rotary_dim)
+        k = apply_rope(k, positions, cfg.rope_base, cfg.rope_scaling, cfg.rotary_dim)
         sink = self.sink_logits[...] if variant.normalizer == "learned_sink" else None
         if self.gate is not None and "gate_scores" in capture:
             self.sow(nnx.Intermediate, "gate_scores", self.gate.scores(x))

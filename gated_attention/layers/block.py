@@ -34,6 +34,11 @@ class DecoderBlock(nnx.Module):
             from gated_attention.layers.moe import MoEFeedForward
 
             self.ffn = MoEFeedForward(cfg, rngs=rngs)
+            if cfg.shared_expert_mlp_dim:  # Qwen3-Next / Qwen3.5-MoE imports
+                from gated_attention.layers.shared_expert import SharedExpert
+
+                self.shared_expert = SharedExpert(cfg.d_model, cfg.shared_expert_mlp_dim,
+                                                  rngs=rngs, dtype=cfg.compute_dtype)
         else:
             self.ffn = SwiGLU(cfg.d_model, cfg.mlp_dim, rngs=rngs, dtype=cfg.compute_dtype)
         if cfg.variant.sandwich_norm:
@@ -56,7 +61,10 @@ class DecoderBlock(nnx.Module):
         self._sow(capture, "resid_after_attn", x)
         aux: Aux = {}
         if self.cfg.is_moe:
-            ffn, aux = self.ffn(self.ffn_norm(x))
+            h = self.ffn_norm(x)
+            ffn, aux = self.ffn(h)
+            if self.cfg.shared_expert_mlp_dim:
+                ffn = ffn + self.shared_expert(h).astype(ffn.dtype)
         else:
             ffn = self.ffn(self.ffn_norm(x))
         if sandwich:

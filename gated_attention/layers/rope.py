@@ -1,4 +1,5 @@
-"""Rotary position embedding (half-split layout, as in Qwen3/Llama) with context-extension scaling.
+"""Rotary position embedding (half-split layout, as in Qwen3/Llama) with context-extension scaling
+and partial rotary (only the first channels of each head rotated, as in Qwen3-Next).
 
 A RoPE is fixed by its inverse frequencies `inv_freq[i]` (one per pair of channels i and
 i + d/2) and an attention factor that multiplies cos and sin. Raising the base and the four
@@ -110,14 +111,22 @@ def attention_factor(scaling: RopeScaling = NO_SCALING) -> float:
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10_000.0,
-               scaling: RopeScaling = NO_SCALING) -> jax.Array:
-    """Rotate x [b, s, heads, d] by the angle of each token's position [b, s]."""
+               scaling: RopeScaling = NO_SCALING, rotary_dim: int | None = None) -> jax.Array:
+    """Rotate x [b, s, heads, d] by the angle of each token's position [b, s].
+
+    rotary_dim: rotate only the first rotary_dim channels (half-split within them, frequencies
+    computed for rotary_dim as Qwen3-Next's partial rotary does); the rest pass unchanged.
+    """
     d = x.shape[-1]
-    inv_freq = jnp.asarray(inverse_frequencies(d, base, scaling), jnp.float32)
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [b, s, d/2]
+    rotary_dim = d if rotary_dim is None else rotary_dim
+    inv_freq = jnp.asarray(inverse_frequencies(rotary_dim, base, scaling), jnp.float32)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [b, s, rotary_dim/2]
     mscale = attention_factor(scaling)
     sin = (jnp.sin(angles) * mscale)[:, :, None, :]
     cos = (jnp.cos(angles) * mscale)[:, :, None, :]
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return rotated.astype(x.dtype)
+    x32 = x.astype(jnp.float32)
+    x1, x2 = jnp.split(x32[..., :rotary_dim], 2, axis=-1)
+    rotated = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
+    if rotary_dim < d:
+        rotated.append(x32[..., rotary_dim:])
+    return jnp.concatenate(rotated, axis=-1).astype(x.dtype)
