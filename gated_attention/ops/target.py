@@ -4,7 +4,10 @@ A TPU program can be compiled on a CPU-only machine (deviceless, through libtpu)
 choice that depends on the platform (which attention kernel `auto` takes, whether a Pallas
 kernel runs in interpret mode, which grouped matmul MoE uses) must follow that target, not
 `jax.default_backend()`: otherwise the TPU program silently holds the CPU's choices.
-`compiling_for("tpu")` sets the target for the code traced inside it.
+`compiling_for("tpu")` sets the target for the code traced inside it (an override: the
+kernel choices also follow the platform a program is lowered for, through
+`jax.lax.platform_dependent`, see dispatch.py); `compiling_for("gpu", device_kind="NVIDIA
+H200")` also names the GPU, whose row of ops/block_sizes.py the kernels then take.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ PLATFORMS = ("cpu", "gpu", "tpu")
 
 _TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("target_platform",
                                                                       default=None)
+_KIND: contextvars.ContextVar[str | None] = contextvars.ContextVar("target_device_kind",
+                                                                    default=None)
 
 
 def target_platform() -> str:
@@ -26,14 +31,29 @@ def target_platform() -> str:
     return _TARGET.get() or jax.default_backend()
 
 
+def target_override() -> str | None:
+    """The platform `compiling_for` set, or None (then the lowering platform decides)."""
+    return _TARGET.get()
+
+
+def target_device_kind() -> str | None:
+    """The device kind `compiling_for` named (e.g. "NVIDIA H200"), or None."""
+    return _KIND.get()
+
+
 @contextlib.contextmanager
-def compiling_for(platform: str | None) -> Iterator[None]:
-    """Trace the enclosed code for `platform` ("cpu", "gpu" or "tpu"); None keeps the host's."""
+def compiling_for(platform: str | None, device_kind: str | None = None) -> Iterator[None]:
+    """Trace the enclosed code for `platform` ("cpu", "gpu" or "tpu"); None keeps the host's.
+
+    device_kind: the target device as jax names it ("NVIDIA H200", "TPU v5 lite"), which
+    picks its tile sizes; None: the host's device when it is the target, else the platform's
+    generic row."""
     if platform is not None and platform not in PLATFORMS:
         raise ValueError(f"platform={platform!r} is not allowed; choose one of "
                          f"{', '.join(PLATFORMS)}")
-    token = _TARGET.set(platform)
+    token, kind_token = _TARGET.set(platform), _KIND.set(device_kind)
     try:
         yield
     finally:
+        _KIND.reset(kind_token)
         _TARGET.reset(token)
