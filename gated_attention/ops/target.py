@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 
@@ -24,6 +25,10 @@ _TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("target_pla
                                                                       default=None)
 _KIND: contextvars.ContextVar[str | None] = contextvars.ContextVar("target_device_kind",
                                                                     default=None)
+_IN_BRANCH: contextvars.ContextVar[bool] = contextvars.ContextVar("in_platform_branch",
+                                                                  default=False)
+# The names jax.lax.platform_dependent gives each of these platforms.
+LOWERING_NAMES = {"cpu": ("cpu",), "gpu": ("cuda", "rocm"), "tpu": ("tpu",)}
 
 
 def target_platform() -> str:
@@ -39,6 +44,39 @@ def target_override() -> str | None:
 def target_device_kind() -> str | None:
     """The device kind `compiling_for` named (e.g. "NVIDIA H200"), or None."""
     return _KIND.get()
+
+
+def in_platform_branch() -> bool:
+    """True while tracing one platform's branch of `per_platform` (no ordered host callbacks
+    may be traced there: jax 0.10 cannot lower a platform choice whose other branch has them)."""
+    return _IN_BRANCH.get()
+
+
+def per_platform(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` for the platform the program is lowered for, whatever the entry point.
+
+    Traced once per platform (cpu, gpu, tpu), each time with that platform as the target, and
+    joined by `jax.lax.platform_dependent`: a plain `jax.jit(f).lower(...)` over compile-only
+    TPU or GPU devices, or `jax.export` for a platform, keeps that platform's branch. Every
+    branch is traced on any host, so each must trace without its platform's hardware. Under
+    `compiling_for` (an override) fn is traced once, for that platform.
+    """
+    if _TARGET.get() is not None:
+        return fn(*args)
+
+    def branch(platform: str) -> Callable[..., Any]:
+        def traced(*inner: Any) -> Any:
+            token = _IN_BRANCH.set(True)
+            try:
+                with compiling_for(platform):
+                    return fn(*inner)
+            finally:
+                _IN_BRANCH.reset(token)
+        return traced
+
+    branches = {name: branch(platform) for platform, names in LOWERING_NAMES.items()
+                for name in names}
+    return jax.lax.platform_dependent(*args, **branches)
 
 
 @contextlib.contextmanager
