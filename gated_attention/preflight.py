@@ -191,9 +191,11 @@ def format_report(info: Mapping[str, Any]) -> str:
     if sources and sources != ["compiler"]:
         notes.append("note: compiled FLOPs from " + "; ".join(sources))
     if info["scan_layers"] or info["grad_accum"] > 1:
+        kernels = ("the attention kernels are custom calls, not counted"
+                   if info.get("platform") == "gpu" else "of the attention kernels only "
+                   "pallas_tpu's are counted (splash has no cost estimate)")
         notes.append("note: XLA counts a loop body once: compiled FLOPs hold one layer (scanned "
-                     "blocks) and one micro-batch (grad_accum); of the attention kernels only "
-                     "pallas_tpu's are counted (splash has no cost estimate)")
+                     f"blocks) and one micro-batch (grad_accum); {kernels}")
     verdict = "fits" if info["fits"] else "does NOT fit"
     return "\n".join(head + body + notes + [f"=> {verdict} on {info['accelerator']}"])
 

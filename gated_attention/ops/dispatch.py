@@ -29,7 +29,7 @@ from gated_attention.ops import choices
 from gated_attention.ops.gating import GATE_ACTIVATIONS
 from gated_attention.ops.reference import NORMALIZERS
 from gated_attention.ops.sharded import Axes, per_device
-from gated_attention.ops.target import per_platform, target_platform
+from gated_attention.ops.target import PLATFORMS, per_platform, target_platform
 
 # impl -> module under gated_attention.ops whose `attention(q, k, v, ...)` serves it.
 MODULES = {"xla": "reference", "cudnn": "cudnn", "cudnn_packed": "cudnn_packed",
@@ -38,6 +38,9 @@ MODULES = {"xla": "reference", "cudnn": "cudnn", "cudnn_packed": "cudnn_packed",
 # Kernels XLA cannot partition: run per device under shard_map; they take interpret and
 # block_sizes.
 PER_DEVICE = ("pallas_gpu", "pallas_tpu", "splash")
+# Where each per-device kernel can be lowered: its platform, and a CPU (interpreted).
+KERNEL_PLATFORMS = {"pallas_gpu": ("cpu", "gpu"), "pallas_tpu": ("cpu", "tpu"),
+                    "splash": ("cpu", "tpu")}
 IMPLS = (*MODULES, "auto")
 
 
@@ -145,7 +148,7 @@ def attention(
     if impl != "auto" and (impl not in PER_DEVICE or interpret is not None):
         return _attention_on_target(q, k, v, arrays, **options)
     return per_platform(lambda q, k, v, arrays: _attention_on_target(q, k, v, arrays, **options),
-                        q, k, v, arrays)
+                        q, k, v, arrays, platforms=KERNEL_PLATFORMS.get(impl, PLATFORMS))
 
 
 def _attention_on_target(q: jax.Array, k: jax.Array, v: jax.Array,

@@ -52,14 +52,16 @@ def in_platform_branch() -> bool:
     return _IN_BRANCH.get()
 
 
-def per_platform(fn: Callable[..., Any], *args: Any) -> Any:
+def per_platform(fn: Callable[..., Any], *args: Any,
+                 platforms: tuple[str, ...] = PLATFORMS) -> Any:
     """`fn(*args)` for the platform the program is lowered for, whatever the entry point.
 
     Traced once per platform (cpu, gpu, tpu), each time with that platform as the target, and
     joined by `jax.lax.platform_dependent`: a plain `jax.jit(f).lower(...)` over compile-only
     TPU or GPU devices, or `jax.export` for a platform, keeps that platform's branch. Every
     branch is traced on any host, so each must trace without its platform's hardware. Under
-    `compiling_for` (an override) fn is traced once, for that platform.
+    `compiling_for` (an override) fn is traced once, for that platform. `platforms`: those
+    fn can serve; lowering for another is refused by jax, naming the platform.
     """
     if _TARGET.get() is not None:
         return fn(*args)
@@ -74,8 +76,8 @@ def per_platform(fn: Callable[..., Any], *args: Any) -> Any:
                 _IN_BRANCH.reset(token)
         return traced
 
-    branches = {name: branch(platform) for platform, names in LOWERING_NAMES.items()
-                for name in names}
+    branches = {name: branch(platform) for platform in platforms
+                for name in LOWERING_NAMES[platform]}
     return jax.lax.platform_dependent(*args, **branches)
 
 
