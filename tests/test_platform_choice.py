@@ -21,6 +21,25 @@ from gated_attention import ops
 B, S, H, KV, D = 2, 128, 4, 2, 64
 
 
+@pytest.fixture(autouse=True)
+def no_process_wide_target(monkeypatch):
+    """These tests are about the lowering platform deciding: no process-wide override."""
+    monkeypatch.delenv("GATED_ATTENTION_TARGET", raising=False)
+
+
+def test_a_process_wide_target_traces_once_for_it(monkeypatch):
+    monkeypatch.setenv("GATED_ATTENTION_TARGET", "cpu")
+    q = jax.ShapeDtypeStruct((1, 32, 2, 32), jnp.float32)
+    jaxpr = jax.make_jaxpr(lambda q: ops.attention(q, q, q, impl="auto"))(q)
+    assert "platform_index" not in str(jaxpr)
+    monkeypatch.setenv("GATED_ATTENTION_TARGET", "cpux")
+    with pytest.raises(ValueError, match="GATED_ATTENTION_TARGET='cpux'.*cpu, gpu, tpu"):
+        ops.target_platform()
+    monkeypatch.delenv("GATED_ATTENTION_TARGET")
+    assert "platform_index" in str(jax.make_jaxpr(
+        lambda q: ops.attention(q, q, q, impl="auto"))(q))
+
+
 def gated_call(impl):
     def f(q, k, v, gate, seg):
         return ops.attention(q, k, v, gate=gate, segment_ids=seg, impl=impl)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,14 +32,24 @@ _IN_BRANCH: contextvars.ContextVar[bool] = contextvars.ContextVar("in_platform_b
 LOWERING_NAMES = {"cpu": ("cpu",), "gpu": ("cuda", "rocm"), "tpu": ("tpu",)}
 
 
+# A process-wide override, for a process that only ever compiles for one platform (a CPU
+# test run: one trace per call instead of one per platform). Same values as compiling_for.
+ENV_TARGET = "GATED_ATTENTION_TARGET"
+
+
 def target_platform() -> str:
     """The platform being compiled for: the one set by `compiling_for`, else the host's."""
-    return _TARGET.get() or jax.default_backend()
+    return target_override() or jax.default_backend()
 
 
 def target_override() -> str | None:
-    """The platform `compiling_for` set, or None (then the lowering platform decides)."""
-    return _TARGET.get()
+    """The platform `compiling_for` (else GATED_ATTENTION_TARGET) set, or None: then the
+    lowering platform decides."""
+    platform = _TARGET.get() or os.environ.get(ENV_TARGET) or None
+    if platform is not None and platform not in PLATFORMS:
+        raise ValueError(f"{ENV_TARGET}={platform!r} is not allowed; choose one of "
+                         f"{', '.join(PLATFORMS)}")
+    return platform
 
 
 def target_device_kind() -> str | None:
@@ -63,7 +74,7 @@ def per_platform(fn: Callable[..., Any], *args: Any,
     `compiling_for` (an override) fn is traced once, for that platform. `platforms`: those
     fn can serve; lowering for another is refused by jax, naming the platform.
     """
-    if _TARGET.get() is not None:
+    if target_override() is not None:
         return fn(*args)
 
     def branch(platform: str) -> Callable[..., Any]:
