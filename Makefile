@@ -29,7 +29,12 @@ $(CORE_STAMP): setup.cfg pyproject.toml | $(VENV)/bin/python
 $(TEST_STAMP): $(CORE_STAMP)
 	$(PIP) -e '.[test,seqio]' 2>&1 | $(QUIET_PIP)
 	$(PIP) "jax[tpu]==$$($(PY) -c 'import jax; print(jax.__version__)')" 2>&1 | $(QUIET_PIP)
+	# The CUDA compile pair pinned to jax, and ptxas: the suite compiles for NVIDIA GPU targets
+	# deviceless too (about 223 MB; no CUDA libraries, no GPU).
+	V=$$($(PY) -c 'import jax; print(jax.__version__)'); $(PIP) "jax-cuda12-plugin==$$V" \
+		"jax-cuda12-pjrt==$$V" nvidia-cuda-nvcc-cu12 2>&1 | $(QUIET_PIP)
 	$(PY) -c "import pytest, xdist, nbclient, seqio, tensorflow_datasets, libtpu"
+	$(PY) -c "import jax_plugins.xla_cuda12, jax_cuda12_plugin"
 	rm -f $(VENV)/.test-* && touch $@
 
 install: $(CORE_STAMP)

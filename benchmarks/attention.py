@@ -23,7 +23,8 @@ needs only jax.
 --block_sizes takes the JSON that benchmarks/sweep_blocks.py writes (its winner for this device
 kind and head_dim is used) or an inline JSON dict; our kernel's rows then use those sizes.
 
---check runs no timings: ops.attention(impl="pallas_gpu" on a GPU or CPU, "pallas_tpu" on a
+--check runs no timings (and on a GPU also checks impl="cudnn_packed" in bfloat16 on the
+packed cases): ops.attention(impl="pallas_gpu" on a GPU or CPU, "pallas_tpu" on a
 TPU) in float32 against the XLA reference at float32 "highest" matmul precision, for the output
 and the gradients of a random linear loss w.r.t. q, k, v and the gate, at a few shapes with
 GQA, segment ids, odd lengths and head_dim 64/128/256. It prints max |x - ref| / max |ref| per
@@ -116,6 +117,13 @@ def _implementations(platform: str, small: bool,
     ]
     mha, why = _jax_triton_mha(platform, small)
     rows.append(Impl("jax Pallas Triton mha", mha, available=why, mha_only=True))
+    # cuDNN over packed sequences (jax's private entry point): auto's candidate for packed
+    # batches once it measures ahead of pallas_gpu's packed row below
+    packed = through_ops("cudnn_packed", None)
+    rows += [Impl("cuDNN packed (cudnn_packed), segment ids", packed, segments=True,
+                  available=no_gpu),
+             Impl("cuDNN packed + elementwise gate, segment ids", packed, gate="elementwise",
+                  segments=True, available=no_gpu)]
     if platform == "tpu":
         splash = through_ops("splash", None)
         rows += [Impl("splash (jax), ungated", splash),
@@ -455,7 +463,45 @@ def check(small: bool, blocks: dict[str, int] | None = None) -> bool:
             print(f"| {case.name}{note} | {shape} | {cols} | {'ok' if ok else 'TOO LARGE'} |",
                   flush=True)
             break
+    all_ok &= check_packed_cudnn(small, platform)
     print(f"# check: {'all cases within' if all_ok else 'FAILED:'} tolerance {CHECK_TOL:g}")
+    return all_ok
+
+
+PACKED_TOL = 2e-2  # bfloat16 inputs (cuDNN's flash attention takes 16-bit only)
+
+
+def check_packed_cudnn(small: bool, platform: str) -> bool:
+    """cudnn_packed (jax's private packed cuDNN) in bfloat16 against the float32 reference,
+    on the packed cases; on a machine without a GPU, one line saying so."""
+    cases = [c for c in (SMALL_CHECK_CASES if small else CHECK_CASES) if c.segments]
+    if platform != "gpu":
+        print("# --check cudnn_packed: needs a GPU (not checked here)")
+        return True
+    print(f"# --check cudnn_packed: bfloat16 vs the XLA reference; tolerance {PACKED_TOL:g}")
+
+    def kernel(q, k, v, gate, seg):
+        return ops.attention(q, k, v, gate=gate, segment_ids=seg, impl="cudnn_packed")
+
+    all_ok = True
+    for case in cases:
+        shape = f"B{case.batch} S{case.seq} H{case.heads}/{case.kv_heads} D{case.head_dim} seg"
+        inputs = make_inputs(case.batch, case.seq, case.heads, case.kv_heads, case.head_dim,
+                             case.gate, True, jnp.bfloat16, seed=2)
+        try:
+            got = _compile(outputs_and_grads(kernel, inputs), inputs)(inputs)
+            errs = rel_errors(got, reference_outputs_and_grads(inputs))
+        except Exception as exc:  # noqa: BLE001 - report it and go on
+            print(f"| cudnn_packed: {case.name} | {shape} | failed: {type(exc).__name__}: "
+                  f"{str(exc)[:300]} |", flush=True)
+            all_ok = False
+            continue
+        ok = all(e <= PACKED_TOL for e in errs.values())
+        all_ok &= ok
+        cols = " | ".join(f"{errs[n]:.1e}" if n in errs else "-"
+                          for n in ("out", "dq", "dk", "dv", "dgate"))
+        print(f"| cudnn_packed: {case.name} | {shape} | {cols} | "
+              f"{'ok' if ok else 'TOO LARGE'} |", flush=True)
     return all_ok
 
 

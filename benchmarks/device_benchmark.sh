@@ -4,15 +4,15 @@
 # What matters most runs first: the table (baselines before our rows) and the train-step MFU.
 #
 # Usage, from the repository root:
-#   bash benchmarks/device_benchmark.sh [STEP ...]   # steps: env table train check sweep
-#                                                  # (default: these five, in this order)
+#   bash benchmarks/device_benchmark.sh [STEP ...]   # steps: env table train check memory
+#                                                  # sweep (default: these six, in this order)
 #   train_pallas (only when named): the G1 step with attention_impl=pallas_gpu (fused gate)
 # Environment:
 #   OUT       results folder (default runs/device_benchmark)
-#   BUDGET_S  wall-clock seconds for the whole script (default 540); each step gets the smaller
+#   BUDGET_S  wall-clock seconds for the whole script (default 600); each step gets the smaller
 #             of its own cap and what is left, and a step with under 15 s left is skipped.
 #             The caps add up to the default budget: env 40, table 180, train 3 x 70,
-#             check 60, sweep 50
+#             check 60, memory 60, sweep 50
 #   SMALL=1   CPU rehearsal: --small everywhere, a tiny training step, caps and budget x4
 #   DRY_RUN=1 print each step's command instead of running it
 #   INSTALL_WHEELS=auto|0  auto (default): install .whl/*.whl into .site when there are any
@@ -20,10 +20,14 @@
 #
 # Steps and what they write under $OUT:
 #   env    nvidia-smi, python, jax and its devices                     -> env.txt
-#   table  attention.py: every path at B4 S4096 H16 (and KV4) and B1 S16384 -> table.txt
+#   table  attention.py: every path at B4 S4096 H16 (and KV4) and B1 S16384, packed cuDNN
+#          (cudnn_packed) next to pallas_gpu on packed rows                 -> table.txt
 #   train  train_step.py, 1.7B-28L at 4x4096 bf16: baseline, G1 elementwise, G1 headwise
 #                                                                       -> train.txt
-#   check  attention.py --check: float32 values and gradients vs XLA    -> check.txt
+#   check  attention.py --check: float32 values and gradients vs XLA, and packed cuDNN's
+#          (bfloat16) on a GPU                                          -> check.txt
+#   memory preflight_memory.py: the GPU pre-flight's per-GPU total (deviceless) against the
+#          same step compiled and run here (peak bytes in use)          -> memory.txt
 #   sweep  sweep_blocks.py: forward, then forward+backward block sizes, timed by the table's
 #          harness; prints the winner to paste into ops/block_sizes.py  -> sweep.txt, sweep.json
 #   every step's exit status and seconds (124: timed out)              -> summary.txt
@@ -38,16 +42,16 @@ SMALL=${SMALL:-0}
 # The CPU rehearsal interprets the kernels: every cap and the default budget 4x longer.
 SCALE=1
 [ "$SMALL" = 1 ] && SCALE=4
-BUDGET_S=${BUDGET_S:-$((540 * SCALE))}
+BUDGET_S=${BUDGET_S:-$((600 * SCALE))}
 DRY_RUN=${DRY_RUN:-0}
 INSTALL_WHEELS=${INSTALL_WHEELS:-auto}
 PYTHON=${PYTHON:-python3}
 STEPS=("$@")
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(env table train check sweep)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(env table train check memory sweep)
 for step in "${STEPS[@]}"; do
   case "$step" in
-    env | check | sweep | table | train | train_pallas) ;;
-    *) echo "unknown step '$step'; choose from: env table train check sweep train_pallas" >&2
+    env | check | memory | sweep | table | train | train_pallas) ;;
+    *) echo "unknown step '$step'; choose from: env table train check memory sweep train_pallas" >&2
        exit 2 ;;
   esac
 done
@@ -128,6 +132,10 @@ step_check() {
   run_step check 60 check.txt "$PYTHON" benchmarks/attention.py --check "${small[@]}"
 }
 
+step_memory() {
+  run_step memory 60 memory.txt "$PYTHON" benchmarks/preflight_memory.py "${small[@]}"
+}
+
 step_sweep() {
   local budget=$(($(left) - 20))
   ((budget > 30 * SCALE)) && budget=$((30 * SCALE))
@@ -159,6 +167,7 @@ recap() {
   echo "=================== recap (full logs in $OUT) ==================="
   # Lines cut at 180 characters so that the recap fits in the tool's 12,000-character tail.
   [ -f "$OUT/check.txt" ] && grep -E '^\| |^# check' "$OUT/check.txt" | cut -c1-180
+  [ -f "$OUT/memory.txt" ] && grep -E '^\| |^# train' "$OUT/memory.txt" | cut -c1-180
   [ -f "$OUT/sweep.txt" ] && grep -E '^\| (fwd|fwd\+bwd) |^#|^ ' "$OUT/sweep.txt" | cut -c1-180
   [ -f "$OUT/table.txt" ] && grep -E '^\||^# this' "$OUT/table.txt" | cut -c1-180
   [ -f "$OUT/train.txt" ] && grep -E '^\| (baseline|g1)|^device' "$OUT/train.txt" | cut -c1-180
@@ -174,6 +183,7 @@ for step in "${STEPS[@]}"; do
   case "$step" in
     env) step_env ;;
     check) step_check ;;
+    memory) step_memory ;;
     sweep) step_sweep ;;
     table) step_table ;;
     train) step_train ;;

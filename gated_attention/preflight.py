@@ -1,4 +1,4 @@
-"""Pre-flight: compile a run's train and eval steps for a TPU slice on any CPU, before renting it.
+"""Pre-flight: compile a run's train and eval steps for a TPU slice or GPU nodes on any CPU.
 
     python -m gated_attention.preflight \
         --config=configs/ablation.py:arch=dense_1p7b_28l,variant=g1_sdpa_elementwise \
@@ -6,6 +6,7 @@
     # 2 slices joined by the data-centre network, data parallel across them:
     python -m gated_attention.preflight ... --accelerator=v5p-64 --slices=2 \
         --config.mesh.dcn_data=2
+    python -m gated_attention.preflight --config=... --accelerator=h200-8 [--hosts=2]
 
 The steps are the ones `main` runs (train.train_state_spec, make_train_step, jit_train_step,
 make_eval_step: same functions, same shardings), traced inside `compiling_for("tpu")` so the
@@ -17,7 +18,13 @@ XLA's cost analysis counts a loop body once, and a Pallas kernel by its cost est
 with scanned layers or gradient accumulation the compiled FLOPs are those of one layer / one
 micro-batch; this project's kernels carry estimates, jax's splash kernel does not.
 
-The building blocks (tpu_mesh, compile_step) live in gated_attention/target_compile.py.
+GPU nodes (h100-8, h200-8, b200-8, a100-80gb-8; gpu_targets.py) compile through XLA:GPU
+(the CUDA compile pair, no GPU): Triton kernels down to a cubin. XLA:GPU neither refuses a
+program larger than the GPU nor has a cost analysis: the fit is judged here against jax's
+allocator share of the GPU's memory, and the FLOPs are XLA's HLO count of the plain ops
+(custom-call kernels count 0), which the report says, next to the model's count.
+
+The building blocks (tpu_mesh, gpu_mesh, compile_step) live in gated_attention/target_compile.py.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from typing import Any
 
 import jax
 
-from gated_attention import config_lib
+from gated_attention import config_lib, gpu_targets
 from gated_attention.run_checks import check_run
 from gated_attention.target_compile import (  # noqa: F401 - building blocks, also exported here
     MOSAIC_CALL,
@@ -39,10 +46,29 @@ from gated_attention.target_compile import (  # noqa: F401 - building blocks, al
     CompiledStep,
     abstract_batch,
     compile_step,
+    gpu_devices,
+    gpu_mesh,
     tpu_devices,
     tpu_mesh,
 )
 from gated_attention.tpu_topologies import GiB, TpuSlice, parse_accelerator
+
+Target = TpuSlice | gpu_targets.GpuNode
+
+
+def parse_target(name: str, hosts: int | None = None) -> Target:
+    """A GPU node name (h200-8, with `hosts` nodes) or a Cloud TPU type (v5p-64)."""
+    if gpu_targets.is_gpu_accelerator(name) or name.strip().split("-")[0] in gpu_targets.GPUS:
+        return gpu_targets.parse_accelerator(name, 1 if hosts is None else hosts)
+    if hosts not in (None, 1):
+        raise ValueError(f"--hosts={hosts} applies to GPU nodes ("
+                         f"{', '.join(gpu_targets.known_accelerators())}); a TPU type "
+                         "already names its hosts")
+    try:
+        return parse_accelerator(name)
+    except ValueError as err:
+        raise ValueError(f"{err}; GPU nodes: {', '.join(gpu_targets.known_accelerators())}") \
+            from None
 
 
 def steps_main_runs(config: Any) -> tuple[str, ...]:
@@ -75,11 +101,13 @@ def check_slices(config: Any, num_slices: int) -> None:
                          f"spans {spanned} slice(s) ({set_axes})")
 
 
-def preflight(config: Any, tpu: TpuSlice, steps: tuple[str, ...] = STEPS,
+def preflight(config: Any, tpu: Target, steps: tuple[str, ...] = STEPS,
               dump_hlo: Path | None = None, num_slices: int = 1) -> dict[str, Any]:
-    """Compile `steps` of `config` for `num_slices` slices of `tpu` (their DCN mesh axes
-    across slices); the report as a dict (bytes per device)."""
+    """Compile `steps` of `config` for the GPU nodes, or for `num_slices` slices of a TPU
+    type (their DCN mesh axes across slices); the report as a dict (bytes per device)."""
     cfg = config_lib.validate_run_config(config)
+    if num_slices != 1 and isinstance(tpu, gpu_targets.GpuNode):
+        raise ValueError(f"--slices={num_slices} is for TPU types; GPU nodes take --hosts")
     check_slices(config, num_slices)
     check_run(config)  # documents, tokenizer, vocabulary: what the run reads before step 1
     if dump_hlo is not None:
@@ -87,14 +115,22 @@ def preflight(config: Any, tpu: TpuSlice, steps: tuple[str, ...] = STEPS,
                  if (dump_hlo / f"{s}_step.hlo.txt").exists()]
         if taken:
             raise ValueError(f"--dump_hlo: {taken[0]} exists; choose an empty folder")
-    mesh = tpu_mesh(tpu.topology, config.mesh, num_slices)
+    gpu = isinstance(tpu, gpu_targets.GpuNode)
+    platform = "gpu" if gpu else "tpu"
+    mesh = (gpu_mesh(tpu, config.mesh) if gpu
+            else tpu_mesh(tpu.topology, config.mesh, num_slices))
     devices = mesh.devices.size
-    hbm = tpu.hbm_bytes * tpu.chips * num_slices // devices
+    chips = tpu.chips * num_slices
+    hbm = tpu.hbm_bytes * chips // devices
+    fraction = gpu_targets.memory_fraction() if gpu else 1.0
+    budget = int(hbm * fraction)  # what a program may use: jax's allocator share on a GPU
     report: dict[str, Any] = {
         "arch": config.arch, "variant": cfg.variant.name, "accelerator": tpu.accelerator,
-        "topology": tpu.topology, "slices": num_slices, "chips": tpu.chips * num_slices,
-        "devices": devices,
-        "hbm_per_device": hbm, "mesh": {k: int(v) for k, v in mesh.shape.items()},
+        "platform": platform, "topology": tpu.topology, "slices": num_slices, "chips": chips,
+        "hosts": tpu.hosts if gpu else None, "devices": devices,
+        "device_kind": mesh.devices.flat[0].device_kind, "hbm_per_device": hbm,
+        "memory_fraction": fraction, "memory_budget_per_device": budget,
+        "mesh": {k: int(v) for k, v in mesh.shape.items()},
         "batch_size": config.train.batch_size, "grad_accum": config.train.grad_accum,
         "seq_len": config.data.seq_len, "attention_impl": cfg.attention_impl,
         "remat": cfg.remat, "scan_layers": cfg.scan_layers,
@@ -102,22 +138,26 @@ def preflight(config: Any, tpu: TpuSlice, steps: tuple[str, ...] = STEPS,
     }
     for name in steps:
         try:
-            step = compile_step(config, mesh, name)
+            step = compile_step(config, mesh, name, platform=platform)
         except jax.errors.JaxRuntimeError as err:  # the compiler's own "does not fit"
             if "RESOURCE_EXHAUSTED" not in str(err):
                 raise
             report["steps"][name] = {"fits": False, "compiler_error": str(err).splitlines()[0]}
             continue
-        info = {"memory": step.memory, "flops_per_device": step.flops,
-                "flops_per_step": step.flops * devices,
+        flops, source = step.flops_and_source
+        if flops <= 0:  # no count from the compiler: the model's, and the report says so
+            flops = report["model_flops_per_step"] / devices
+            source = "model (6N + attention; the compiler gave no count)"
+        info = {"memory": step.memory, "flops_per_device": flops,
+                "flops_per_step": flops * devices, "flops_source": source,
                 "compile_seconds": round(step.compile_seconds, 2),
                 "compile_cpu_seconds": round(step.compile_cpu_seconds, 2),
-                "mosaic_kernels": step.mosaic_kernels}
+                "mosaic_kernels": step.mosaic_kernels, "kernels": step.kernels}
         if name == "eval":  # the train state stays resident while the eval step runs
             state = report["steps"].get("train", {}).get("memory", {}).get("arguments", 0)
             info["memory"]["total"] += max(0, state - info["memory"]["arguments"])
-        info["fits"] = info["memory"]["total"] <= hbm
-        info["headroom"] = hbm - info["memory"]["total"]
+        info["fits"] = info["memory"]["total"] <= budget
+        info["headroom"] = budget - info["memory"]["total"]
         report["steps"][name] = info
         if dump_hlo is not None:
             dump_hlo.mkdir(parents=True, exist_ok=True)
@@ -132,12 +172,19 @@ def _gib(n: float) -> str:
 
 def format_report(info: Mapping[str, Any]) -> str:
     mesh = ",".join(f"{k}={v}" for k, v in info["mesh"].items())
+    if info.get("platform") == "gpu":
+        where = (f"{info['hosts']} host(s) x {info['chips'] // info['hosts']} "
+                 f"{info['device_kind']}, topology {info['topology']}, "
+                 f"{_gib(info['hbm_per_device'])} per GPU, of which jax's allocator takes "
+                 f"{info['memory_fraction']:.0%}: {_gib(info['memory_budget_per_device'])}")
+    else:
+        slices = info.get("slices", 1)
+        where = (f"topology {info['topology']}{f' x {slices} slices' if slices > 1 else ''}, "
+                 f"{info['chips']} chips, {_gib(info['hbm_per_device'])} HBM per device")
     slices = info.get("slices", 1)
-    where = f"{slices} x {info['accelerator']}" if slices > 1 else info["accelerator"]
+    target = f"{slices} x {info['accelerator']}" if slices > 1 else info["accelerator"]
     head = [
-        f"pre-flight {info['arch']} / {info['variant']} on {where} "
-        f"(topology {info['topology']}{f' x {slices} slices' if slices > 1 else ''}, "
-        f"{info['chips']} chips, {_gib(info['hbm_per_device'])} HBM per device)",
+        f"pre-flight {info['arch']} / {info['variant']} on {target} ({where})",
         f"mesh {mesh}; batch {info['batch_size']} x {info['seq_len']}, grad_accum "
         f"{info['grad_accum']}, remat {info['remat']}, scan_layers {info['scan_layers']}, "
         f"attention {info['attention_impl']}",
@@ -156,7 +203,11 @@ def format_report(info: Mapping[str, Any]) -> str:
         + f" ({_gib(s['headroom'])})")
     row("  compiled FLOPs", lambda s: f"{s['flops_per_device']:.4g}")
     row("  compiled FLOPs x devices", lambda s: f"{s['flops_per_step']:.4g}")
-    row("  Mosaic kernels in HLO", lambda s: str(s["mosaic_kernels"]))
+    if info.get("platform") == "gpu":
+        row("  kernels in HLO", lambda s: ", ".join(
+            f"{n} {family}" for family, n in s["kernels"].items() if n) or "none")
+    else:
+        row("  Mosaic kernels in HLO", lambda s: str(s["mosaic_kernels"]))
     row("  compile time (CPU time)", lambda s: f"{s['compile_seconds']:.1f} s "
         f"({s['compile_cpu_seconds']:.1f} s)")
     rows.append(("model FLOPs / step (6N + attention)",
@@ -165,12 +216,17 @@ def format_report(info: Mapping[str, Any]) -> str:
     body = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
                       enumerate(zip(r, width))) for r in rows]
     notes = []
+    sources = sorted({s["flops_source"] for s in steps.values() if "flops_source" in s})
+    if sources and sources != ["compiler"]:
+        notes.append("note: compiled FLOPs from " + "; ".join(sources))
     if info["scan_layers"] or info["grad_accum"] > 1:
+        kernels = ("the attention kernels are custom calls, not counted"
+                   if info.get("platform") == "gpu" else "of the attention kernels only "
+                   "pallas_tpu's are counted (splash has no cost estimate)")
         notes.append("note: XLA counts a loop body once: compiled FLOPs hold one layer (scanned "
-                     "blocks) and one micro-batch (grad_accum); of the attention kernels only "
-                     "pallas_tpu's are counted (splash has no cost estimate)")
+                     f"blocks) and one micro-batch (grad_accum); {kernels}")
     verdict = "fits" if info["fits"] else "does NOT fit"
-    return "\n".join(head + body + notes + [f"=> {verdict} on {where}"])
+    return "\n".join(head + body + notes + [f"=> {verdict} on {target}"])
 
 
 def main(argv: list[str]) -> None:
@@ -182,7 +238,7 @@ def main(argv: list[str]) -> None:
     from gated_attention.tpu_topologies import AcceleratorError
 
     try:
-        tpu = parse_accelerator(FLAGS.accelerator)
+        tpu = parse_target(FLAGS.accelerator, FLAGS.hosts)
         steps = tuple(s for s in FLAGS.steps.split(",") if s) or steps_main_runs(FLAGS.config)
         for s in steps:
             if s not in STEPS:
@@ -210,20 +266,24 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    jax.config.update("jax_platforms", "cpu")  # the host only compiles; no accelerator needed
+    # The host only compiles; no accelerator needed (and the CUDA plugin registers its
+    # compiler without a GPU only when jax's platforms are "cpu").
+    jax.config.update("jax_platforms", "cpu")
     from absl import app, flags
     from ml_collections import config_flags
 
     config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
                                     "configs/ablation.py:arch=tiny,variant=baseline",
                                     lock_config=True)
-    flags.DEFINE_string("accelerator", None, "Cloud TPU accelerator type as gcloud names it: "
-                        "v5litepod-16, v5p-64, v6e-64, v4-32, ...")
+    flags.DEFINE_string("accelerator", None, "Cloud TPU accelerator type as gcloud names it "
+                        "(v5litepod-16, v5p-64, v6e-64, v4-32, ...) or a GPU node: "
+                        + ", ".join(gpu_targets.known_accelerators()))
+    flags.DEFINE_integer("hosts", None, "GPU nodes only: how many nodes of the accelerator.")
     flags.DEFINE_string("steps", "", "Steps to compile: train, eval or train,eval (default: "
                         "those main runs; no eval step with train.eval_every=0).")
-    flags.DEFINE_integer("slices", 1, "Slices of --accelerator joined by the data-centre "
-                         "network (multislice); the config's mesh.dcn_* sizes must multiply "
-                         "to this.")
+    flags.DEFINE_integer("slices", 1, "TPU types only: slices of --accelerator joined by the "
+                         "data-centre network (multislice); the config's mesh.dcn_* sizes must "
+                         "multiply to this.")
     flags.DEFINE_bool("json", False, "Print JSON instead of a table.")
     flags.DEFINE_string("dump_hlo", "", "Folder to write the optimized HLO of each step to.")
     flags.mark_flags_as_required(["config", "accelerator"])

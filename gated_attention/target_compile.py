@@ -1,4 +1,4 @@
-"""Compile a run's train or eval step for a TPU topology without a TPU (libtpu, deviceless).
+"""Compile a run's train or eval step for a TPU slice or GPU nodes without either (deviceless).
 
 The steps are the ones `train.run` builds (train_state_spec, make_train_step, jit_train_step,
 make_eval_step: same functions, same shardings), traced inside `compiling_for(platform)` so
@@ -7,11 +7,16 @@ target's, not the host's. Used by the pre-flight command and by `inspect --accel
 
     mesh = tpu_mesh("v5e:2x2", config.mesh)       # a Mesh of compile-only TPU devices
     step = compile_step(config, mesh, "train")    # CompiledStep: .memory, .flops, .hlo_text
+
+    mesh = gpu_mesh(gpu_targets.parse_accelerator("h200-8"), config.mesh)  # XLA:GPU, no GPU
+    step = compile_step(config, mesh, "train", platform="gpu")
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -27,6 +32,10 @@ STEPS = ("train", "eval")
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "mask")
 MOSAIC_CALL = "tpu_custom_call"  # how a Pallas TPU kernel appears in the optimized HLO
 MEGACORE_GENERATIONS = ("v4", "v5p")  # topology prefixes whose chips run as one device
+# Kernel families by how their custom calls are named in an optimized program: Pallas TPU
+# (Mosaic), Pallas GPU on Triton, cuDNN's fused attention, Pallas GPU on Mosaic GPU.
+KERNEL_CALLS = {"mosaic_tpu": (MOSAIC_CALL,), "triton": ("__gpu$xla.gpu.triton",),
+                "cudnn": ("__cudnn$fmha",), "mosaic_gpu": ("mosaic_gpu",)}
 
 
 def tpu_devices(topology: str, num_slices: int = 1) -> list[Any]:
@@ -70,6 +79,31 @@ def tpu_mesh(topology: str, mesh_config: Mapping[str, Any], num_slices: int = 1)
     return sharding.create_mesh(mesh_config, tpu_devices(topology, num_slices))
 
 
+def gpu_devices(node: Any) -> list[Any]:
+    """Compile-only devices of `node` (a gpu_targets.GpuNode), no GPU needed.
+
+    Needs the CUDA compile pair (jax-cuda12-plugin and -pjrt pinned to jax, and a ptxas from
+    nvidia-cuda-nvcc-cu12) and a process whose jax platforms are "cpu" (the plugin registers
+    its compiler without a GPU only then).
+    """
+    from jax.experimental import topologies
+
+    try:
+        topology = topologies.get_topology_desc(platform="cuda", topology=node.topology,
+                                                target_config=node.target_config())
+    except Exception as err:  # plugin absent, or a config it refuses: one line
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ValueError(f"cannot describe {node.accelerator} x {node.hosts} for XLA:GPU "
+                         f"({first}); install jax-cuda12-plugin and jax-cuda12-pjrt pinned "
+                         "to jax, and nvidia-cuda-nvcc-cu12 (make install-test)") from None
+    return list(topology.devices)
+
+
+def gpu_mesh(node: Any, mesh_config: Mapping[str, Any]) -> Mesh:
+    """The run's mesh (config.mesh) over the compile-only GPUs of `node`."""
+    return sharding.create_mesh(mesh_config, gpu_devices(node))
+
+
 def abstract_batch(config: Any, mesh: Mesh, rules: sharding.Rules) -> dict[str, Any]:
     """ShapeDtypeStructs of one global training batch (int32 [batch, seq_len], packed rows)."""
     shape = (config.train.batch_size, config.data.seq_len)
@@ -99,11 +133,39 @@ class CompiledStep:
 
     @property
     def flops(self) -> float:
-        cost = self.compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, list | tuple) else cost
-        return float((cost or {}).get("flops", 0.0))
+        """FLOPs per device the compiler counts (0.0 where it has no count: see flops_source)."""
+        return self.flops_and_source[0]
 
     @property
+    def flops_source(self) -> str:
+        return self.flops_and_source[1]
+
+    @functools.cached_property
+    def flops_and_source(self) -> tuple[float, str]:
+        """(FLOPs per device, where they come from).
+
+        TPU: the compiler's cost analysis (Pallas kernels by their cost estimates). XLA:GPU has
+        none (`cost_analysis()` is None); its HLO cost analysis is run over the optimized
+        program instead, which counts plain ops and counts custom calls (Triton, cuDNN) as 0.
+        """
+        cost = self.compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list | tuple) else cost
+        if cost and "flops" in cost:
+            return float(cost["flops"]), "compiler"
+        try:
+            from jax._src.lib import xla_client
+
+            cpu = jax.devices("cpu")[0].client
+            modules = self.compiled.runtime_executable().hlo_modules()
+            total = sum(float(xla_client._xla.hlo_module_cost_analysis(cpu, m).get("flops", 0))
+                        for m in modules)
+        except Exception:  # noqa: BLE001 - a private entry point: no figure rather than a crash
+            return 0.0, "none"
+        custom = sum(n for family, n in self.kernels.items() if family != "mosaic_tpu")
+        return total, ("compiler (HLO cost analysis; custom-call kernels count 0)" if custom
+                       else "compiler (HLO cost analysis)")
+
+    @functools.cached_property
     def hlo_text(self) -> str:
         return self.compiled.as_text()
 
@@ -112,15 +174,24 @@ class CompiledStep:
         """Pallas TPU kernels (Mosaic custom calls) in the optimized program."""
         return self.hlo_text.count(f"custom_call_target=\"{MOSAIC_CALL}\"")
 
+    @functools.cached_property
+    def kernels(self) -> dict[str, int]:
+        """Custom-call kernels in the optimized program, by family (KERNEL_CALLS)."""
+        targets = re.findall(r'custom_call_target="([^"]+)"', self.hlo_text)
+        return {family: sum(any(t.startswith(p) for p in prefixes) for t in targets)
+                for family, prefixes in KERNEL_CALLS.items()}
+
 
 def compile_step(config: Any, mesh: Mesh, step: str = "train",
                  platform: str = "tpu") -> CompiledStep:
-    """Trace `main`'s train (or eval) step for `platform` and compile it for `mesh`'s devices."""
+    """Trace `main`'s train (or eval) step for `platform` and compile it for `mesh`'s devices.
+
+    The mesh's device kind (e.g. "NVIDIA H200") picks the kernels' tile sizes."""
     if step not in STEPS:
         raise ValueError(f"step={step!r} is not allowed; choose one of {', '.join(STEPS)}")
     rules = sharding.rules_from_config(config.get("mesh"))
     train.check_batch_layout(config, mesh, rules)
-    with compiling_for(platform):
+    with compiling_for(platform, device_kind=mesh.devices.flat[0].device_kind):
         spec = train.train_state_spec(config, mesh)
         batch = abstract_batch(config, mesh, rules)
         start, cpu_start = time.perf_counter(), time.process_time()

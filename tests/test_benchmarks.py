@@ -115,10 +115,11 @@ def test_dry_run_prints_the_gpu_commands_inside_the_budget(tmp_path):
         f"{train} --variants=g1_sdpa_elementwise",
         f"{train} --variants=g1_sdpa_headwise",
         "python3 benchmarks/attention.py --check",
+        "python3 benchmarks/preflight_memory.py",
         f"python3 benchmarks/sweep_blocks.py --budget_s=30 --out={tmp_path}/sweep.json",
     ]
     caps = [int(line.split("(timeout ", 1)[1].split(" s)")[0]) for line in lines]
-    assert sum(caps) <= 540, caps  # the default BUDGET_S: no step is starved by design
+    assert sum(caps) <= 600, caps  # the default BUDGET_S: no step is starved by design
     result = subprocess.run(["bash", str(SCRIPT), "nonsense"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and "unknown step" in result.stderr
@@ -171,3 +172,17 @@ def test_xla_is_not_timed_at_16k_and_triton_mha_not_with_gqa():
     assert long.seq == 16384 and attention._why_not(xla, long).startswith("skipped")
     assert attention._why_not(xla, gqa) == ""
     assert gqa.kv_heads == 4 and attention._why_not(mha, gqa) == "no GQA"
+
+
+@pytest.mark.slow
+def test_preflight_memory_rehearses_on_this_cpu():
+    """The memory step's pre-flight half runs here (deviceless, for an H200); the measured
+    half says n/a without a GPU. About 20 s of CPU."""
+    pytest.importorskip("jax_plugins.xla_cuda12", reason="the CUDA compile pair")
+    result = subprocess.run([sys.executable, str(BENCH / "preflight_memory.py"), "--small"],
+                            cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    row = [line for line in result.stdout.splitlines() if line.startswith("| h200-1 ")]
+    assert len(row) == 1 and "n/a (no GPU)" in row[0], result.stdout
+    total = float(row[0].split("|")[2].split()[0])  # GiB
+    assert 0.001 < total < 1.0, row  # the tiny arch: megabytes, not zero, not gigabytes

@@ -351,7 +351,7 @@ class Static:
 
     problem: Problem
     sizes: tuple[tuple[str, int], ...]
-    interpret: bool
+    interpret: bool | str  # False, True or GENERIC_INTERPRET (resolve_interpret)
 
     def size(self, key: str) -> int:
         return dict(self.sizes)[key]
@@ -412,7 +412,7 @@ def make_kernel_attention(name: str, min_block: int, padded_dim: Callable[[int],
     def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, gate: jax.Array | None = None,
                   gate_activation: str = "sigmoid", segment_ids: jax.Array | None = None,
                   causal: bool = True, normalizer: str = "softmax",
-                  sink_logits: jax.Array | None = None, interpret: bool | None = False,
+                  sink_logits: jax.Array | None = None, interpret: bool | None = None,
                   block_sizes: dict[str, int] | None = None) -> jax.Array:
         check_kernel_args(name, q, k, normalizer, gate_activation)
         static = static_of(q, k, gate, gate_activation, segment_ids, causal, normalizer,
@@ -422,8 +422,8 @@ def make_kernel_attention(name: str, min_block: int, padded_dim: Callable[[int],
     attention.__doc__ = (
         f"Gated flash attention on {platform}; the arguments mean what they mean in "
         "`ops.attention`.\n\n    interpret: run the kernels in Pallas interpret mode "
-        "(automatic when compiling for a CPU).\n    block_sizes: overrides of the tuned table "
-        "in ops/block_sizes.py.\n    ")
+        "(None: exactly when compiling for a CPU; False is never overridden).\n"
+        "    block_sizes: overrides of the tuned table in ops/block_sizes.py.\n    ")
     return attention, flash, static_of
 
 
@@ -451,14 +451,23 @@ def cost_estimate(p: Problem, phase: str) -> pl.CostEstimate:
                            transcendentals=pairs, bytes_accessed=0)
 
 
-def resolve_interpret(interpret: bool | None) -> bool:
-    """Kernels run in Pallas interpret mode when asked, and always when the target is a CPU.
+GENERIC_INTERPRET = "generic"  # Pallas's own interpreter: no host callbacks
 
-    The target (ops.target), not the host: a TPU program compiled on a CPU machine gets the
-    real Mosaic kernel."""
-    from gated_attention.ops.target import target_platform
 
-    return bool(interpret) or target_platform() == "cpu"
+def resolve_interpret(interpret: bool | None) -> bool | str:
+    """True: interpret; False: the real kernel, never overridden; None: interpret exactly when
+    the target is a CPU (the platform being lowered for, ops.target, not the host).
+
+    Returns False, True (TPU kernels: the Pallas TPU interpreter) or GENERIC_INTERPRET (Pallas's
+    own interpreter, for TPU kernels too: inside a platform choice, where the TPU
+    interpreter's ordered host callbacks cannot be lowered)."""
+    from gated_attention.ops.target import in_platform_branch, target_platform
+
+    if interpret is None:
+        interpret = target_platform() == "cpu"
+    if interpret and in_platform_branch():
+        return GENERIC_INTERPRET
+    return bool(interpret)
 
 
 def build_static(name: str, min_block: int, padded_dim: int, q: jax.Array, k: jax.Array,

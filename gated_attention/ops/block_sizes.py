@@ -60,27 +60,40 @@ TABLE: dict[str, dict[int, dict[str, int]]] = {
 }
 
 
+def kind_key(device_kind: str, platform: str) -> str:
+    """Row of TABLE for a device kind such as "NVIDIA H200": matched by name, else platform."""
+    kind = device_kind.lower()
+    if platform == "gpu":
+        for key in ("gh200", "h200", "h100", "b200", "a100"):
+            if key in kind:
+                return key
+    return {"gpu": "gpu", "tpu": "tpu"}.get(platform, "cpu")
+
+
 def device_kind_key(device: jax.Device | None = None) -> str:
     """Row of TABLE for a device: its kind matched by name, else its platform."""
     device = device or jax.devices()[0]
-    kind = device.device_kind.lower()
-    for key in ("gh200", "h200", "h100", "b200", "a100"):
-        if key in kind:
-            return key
-    return {"gpu": "gpu", "tpu": "tpu"}.get(device.platform, "cpu")
+    platform = "gpu" if device.platform in ("gpu", "cuda", "rocm") else device.platform
+    return kind_key(device.device_kind, platform)
 
 
-def target_kind() -> str:
-    """Row of TABLE for the compile target (ops.target), not the host.
+def target_kind(platform: str | None = None) -> str:
+    """Row of TABLE for the compile target, not the host.
 
-    A TPU program compiled on a CPU machine gets the TPU tiles (the CPU's 32-wide tiles
-    would be illegal for Mosaic); the host's device names the row only when it is the target.
+    `platform`: the platform the kernel is lowered for (a branch of a platform choice);
+    None: ops.target's. A TPU program compiled on a CPU machine gets the TPU tiles (the CPU's
+    32-wide tiles would be illegal for Mosaic). The device named by `compiling_for(...,
+    device_kind=...)` picks the row, else the host's device when it is the target, else the
+    platform's generic row.
     """
-    from gated_attention.ops.target import target_platform
+    from gated_attention.ops.target import target_device_kind, target_platform
 
-    platform = target_platform()
+    platform = platform or target_platform()
     if platform == "cpu":
         return "cpu"
+    named = target_device_kind()
+    if named is not None:
+        return kind_key(named, platform)
     if jax.default_backend() == platform:
         return device_kind_key()
     return platform

@@ -43,6 +43,9 @@ CAPABILITIES: dict[str, Capability] = {
     # jax.nn.dot_product_attention(implementation="cudnn"): plain softmax, 16-bit, no packing.
     "cudnn": Capability(normalizers=frozenset({"softmax"}), segments=False, dtypes=HALF,
                         cross_lengths=True, platforms=frozenset({"gpu"})),
+    # jax's private cuDNN entry point with segment lengths / offsets (cudnn_packed.py).
+    "cudnn_packed": Capability(normalizers=frozenset({"softmax"}), dtypes=HALF,
+                               platforms=frozenset({"gpu"})),
     "pallas_gpu": Capability(dtypes=ANY_DTYPE - {"float64"}, platforms=frozenset({"gpu"})),
     "pallas_tpu": Capability(dtypes=ANY_DTYPE - {"float64"}, platforms=frozenset({"tpu"})),
     # jax's splash attention: sinks cover off-by-one (a zero sink) and learned sinks.
@@ -52,10 +55,12 @@ CAPABILITIES: dict[str, Capability] = {
 }
 
 # Fastest first. GPU: cuDNN (about 410-470 TFLOP/s fwd+bwd on an H200 at B4 S4096 H16 D128)
-# ahead of the Triton kernel (predicted 0.4-0.55x of it); TPU: splash, predicted 1.3-2x the
-# project's Mosaic kernel, until a TPU measurement says otherwise; CPU: XLA.
+# ahead of the Triton kernel (predicted 0.4-0.55x of it); packed batches stay on the Triton
+# kernel until a GPU measurement puts packed cuDNN ahead (benchmarks/device_benchmark.sh
+# measures both); TPU: splash, predicted 1.3-2x the project's Mosaic kernel, until a TPU
+# measurement says otherwise; CPU: XLA.
 PREFERENCE: dict[str, tuple[str, ...]] = {
-    "gpu": ("cudnn", "pallas_gpu", "xla"),
+    "gpu": ("cudnn", "pallas_gpu", "cudnn_packed", "xla"),
     "tpu": ("splash", "pallas_tpu", "xla"),
     "cpu": ("xla",),
 }

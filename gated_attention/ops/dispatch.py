@@ -1,11 +1,20 @@
 """`ops.attention`: validate once, resolve "auto" for the compile target, call one kernel.
 
 impl: "xla" (reference.py: every feature, any platform), "cudnn" (jax.nn.dot_product_attention
-on GPU: plain softmax, no segment ids), "pallas_gpu" (Triton), "pallas_tpu" (Mosaic),
+on GPU: plain softmax, no segment ids), "cudnn_packed" (cuDNN over packed sequences through
+jax's private entry point: plain softmax, 16-bit), "pallas_gpu" (Triton), "pallas_tpu" (Mosaic),
 "splash" (jax's splash attention on TPU: every normaliser but softpick), "chunked"
 (chunked.py: the XLA reference's features blockwise, never holding S x S), or "auto": the
 fastest that serves every requested feature, from the table in ops/choices.py; a feature is
 never silently dropped.
+
+The choices that depend on the platform (what `auto` takes, whether a kernel interprets,
+its tile sizes) follow the platform the program is lowered for: the call is traced once per
+platform and joined by `jax.lax.platform_dependent` (ops.target.per_platform), so a plain
+`jax.jit(...).lower(...)` over compile-only TPU or GPU devices, or `jax.export` for a
+platform, carries that platform's kernel. `ops.compiling_for(platform)` overrides it (one
+trace). A call with nothing platform-dependent (an explicit impl, interpret given) is traced
+once.
 """
 
 from __future__ import annotations
@@ -20,14 +29,18 @@ from gated_attention.ops import choices
 from gated_attention.ops.gating import GATE_ACTIVATIONS
 from gated_attention.ops.reference import NORMALIZERS
 from gated_attention.ops.sharded import Axes, per_device
-from gated_attention.ops.target import target_platform
+from gated_attention.ops.target import PLATFORMS, per_platform, target_platform
 
 # impl -> module under gated_attention.ops whose `attention(q, k, v, ...)` serves it.
-MODULES = {"xla": "reference", "cudnn": "cudnn", "pallas_gpu": "pallas_gpu",
-           "pallas_tpu": "pallas_tpu", "splash": "splash", "chunked": "chunked"}
+MODULES = {"xla": "reference", "cudnn": "cudnn", "cudnn_packed": "cudnn_packed",
+           "pallas_gpu": "pallas_gpu", "pallas_tpu": "pallas_tpu", "splash": "splash",
+           "chunked": "chunked"}
 # Kernels XLA cannot partition: run per device under shard_map; they take interpret and
 # block_sizes.
 PER_DEVICE = ("pallas_gpu", "pallas_tpu", "splash")
+# Where each per-device kernel can be lowered: its platform, and a CPU (interpreted).
+KERNEL_PLATFORMS = {"pallas_gpu": ("cpu", "gpu"), "pallas_tpu": ("cpu", "tpu"),
+                    "splash": ("cpu", "tpu")}
 IMPLS = (*MODULES, "auto")
 
 
@@ -110,7 +123,7 @@ def attention(
     normalizer: str = "softmax",
     sink_logits: jax.Array | None = None,
     impl: str = "xla",
-    interpret: bool = False,
+    interpret: bool | None = None,
     block_sizes: dict[str, int] | None = None,
     mesh_axes: Mapping[str, Axes] | None = None,
 ) -> jax.Array:
@@ -119,6 +132,8 @@ def attention(
     q [b, s, h, d]; k, v [b, t, kv_heads, d]; gate [b, s, h, d] or [b, s, h];
     segment_ids [b, s] (packed sequences never attend across segments);
     sink_logits [h] for normalizer="learned_sink".
+    interpret: Pallas kernels in interpret mode: None (default) exactly when compiling for a
+    CPU; True always; False never (on a CPU the kernel then fails to lower).
     mesh_axes: {"batch": mesh axes, "heads": mesh axes} that split q/k/v under a mesh, for
     the kernels that run per device (default: the batch over the whole mesh).
     """
@@ -126,6 +141,24 @@ def attention(
         q, k, v, gate=gate, gate_activation=gate_activation, segment_ids=segment_ids,
         normalizer=normalizer, sink_logits=sink_logits, impl=impl,
     )
+    options = dict(gate_activation=gate_activation, causal=causal, normalizer=normalizer,
+                   impl=impl, interpret=interpret, block_sizes=block_sizes,
+                   mesh_axes=mesh_axes)
+    arrays = dict(gate=gate, segment_ids=segment_ids, sink_logits=sink_logits)
+    if impl != "auto" and (impl not in PER_DEVICE or interpret is not None):
+        return _attention_on_target(q, k, v, arrays, **options)
+    return per_platform(lambda q, k, v, arrays: _attention_on_target(q, k, v, arrays, **options),
+                        q, k, v, arrays, platforms=KERNEL_PLATFORMS.get(impl, PLATFORMS))
+
+
+def _attention_on_target(q: jax.Array, k: jax.Array, v: jax.Array,
+                         arrays: Mapping[str, jax.Array | None], *, gate_activation: str,
+                         causal: bool, normalizer: str, impl: str, interpret: bool | None,
+                         block_sizes: dict[str, int] | None,
+                         mesh_axes: Mapping[str, Axes] | None) -> jax.Array:
+    """One kernel call for the target platform (ops.target)."""
+    gate, segment_ids, sink_logits = (arrays["gate"], arrays["segment_ids"],
+                                      arrays["sink_logits"])
     impl = resolve_impl(impl, segment_ids=segment_ids, normalizer=normalizer, dtype=q.dtype,
                         same_length=k.shape[1] == q.shape[1])
     module = importlib.import_module(f"gated_attention.ops.{MODULES[impl]}")

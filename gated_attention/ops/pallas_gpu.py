@@ -11,7 +11,7 @@ buffer with atomics: 5 matmuls per tile (DQ_BY_ATOMICS; False gives FlashAttenti
 with a dq kernel of its own, 7). Nothing S x S is stored, and k/v are never repeated for GQA
 (the BlockSpec index maps a query head to its kv head).
 
-On a CPU backend the kernels run in Pallas interpret mode automatically.
+When compiled for a CPU (interpret=None) the kernels run in Pallas interpret mode.
 """
 
 from __future__ import annotations
@@ -256,7 +256,8 @@ def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
     outs = pl.pallas_call(
         functools.partial(_fwd_kernel, p=p, bq=bq, bkv=bkv, residuals=residuals),
         out_shape=out_shapes, grid=(nq, b, h), in_specs=in_specs, out_specs=out_specs,
-        compiler_params=_params(static), interpret=static.interpret, name="gated_flash_fwd",
+        compiler_params=_params(static), interpret=bool(static.interpret),
+        name="gated_flash_fwd",
     )(*args)
     out = outs[0][:, :p.seq, :, :p.head_dim]
     if not residuals:
@@ -288,7 +289,7 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
             out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype), grid=(S // bq, b, h),
             in_specs=[row, whole_kv, whole_kv, row, stat, stat, table, table, *seg_specs],
             out_specs=row, compiler_params=_params(static, backward=True),
-            interpret=static.interpret, name="gated_flash_dq",
+            interpret=bool(static.interpret), name="gated_flash_dq",
         )(qp, kp, vp, dop, lsep, deltap, lo, hi, *seg_args)
 
     bq, bkv = static.size("block_q_dkv"), static.size("block_kv_dkv")
@@ -316,7 +317,7 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
         functools.partial(_dkv_kernel, p=p, bq=bq, bkv=bkv, dq_atomic=DQ_BY_ATOMICS),
         out_shape=out_shape, grid=(S // bkv, b, n), in_specs=in_specs, out_specs=out_specs,
         input_output_aliases=aliases, compiler_params=_params(static, backward=True),
-        interpret=static.interpret, name="gated_flash_dkv",
+        interpret=bool(static.interpret), name="gated_flash_dkv",
     )(*args)
     dk, dv = outs[:2]
     if DQ_BY_ATOMICS:

@@ -15,7 +15,7 @@ tile ([..., S // block, 1, block], see `_rows`): a [..., S, 1] column would be p
 lanes in TPU memory and copied 128x over. Kernels that need a column reshape the row
 in-kernel, once per tile.
 
-On a CPU backend the kernels run in the TPU interpret mode automatically.
+When compiled for a CPU (interpret=None) the kernels run in interpret mode.
 """
 
 from __future__ import annotations
@@ -290,7 +290,8 @@ def _call(kernel, static: fc.Static, grid, in_specs, out_specs, out_shape, scrat
             out_shape=out_shape,
             compiler_params=pltpu.CompilerParams(
                 dimension_semantics=(pltpu.PARALLEL,) * 3 + (pltpu.ARBITRARY,)),
-            interpret=pltpu.InterpretParams() if static.interpret else False,
+            interpret=(pltpu.InterpretParams() if static.interpret is True
+                       else bool(static.interpret)),
             cost_estimate=fc.cost_estimate(static.problem, name),
             name=name,
         )(*args)

@@ -44,7 +44,7 @@ def tile(padded: int, preferred: int = 512) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel(heads: int, padded: int, causal: bool, block: int, interpret: bool):
+def _kernel(heads: int, padded: int, causal: bool, block: int, interpret: bool | str):
     """A splash kernel for one example's shape (masks are processed once, in numpy)."""
     mask_cls = splash.CausalMask if causal else splash.FullMask
     mask = splash.MultiHeadMask([mask_cls((padded, padded)) for _ in range(heads)])
@@ -53,7 +53,8 @@ def _kernel(heads: int, padded: int, causal: bool, block: int, interpret: bool):
         block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
         use_fused_bwd_kernel=True)
     return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
-                                  interpret=pltpu.InterpretParams() if interpret else False)
+                                  interpret=(pltpu.InterpretParams() if interpret is True
+                                             else bool(interpret)))
 
 
 def _sinks(normalizer: str, heads: int, sink_logits: jax.Array | None) -> jax.Array | None:
@@ -75,12 +76,12 @@ def attention(
     causal: bool = True,
     normalizer: str = "softmax",
     sink_logits: jax.Array | None = None,
-    interpret: bool | None = False,
+    interpret: bool | None = None,
     block_sizes: dict[str, int] | None = None,
 ) -> jax.Array:
     """Splash attention then the gate; arguments mean what they mean in `ops.attention`.
 
-    interpret: run in the Pallas TPU interpret mode (automatic when the target is a CPU).
+    interpret: run in the Pallas TPU interpret mode (None: exactly when the target is a CPU).
     block_sizes: {"block_q": n} caps splash's square tile (512 / 256 / 128).
     """
     fc.check_kernel_args(NAME, q, k, normalizer, gate_activation)
