@@ -56,7 +56,7 @@ class KVCache:
     def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, *, positions: jax.Array,
                gate: jax.Array | None = None, gate_activation: str = "sigmoid",
                normalizer: str = "softmax", sink_logits: jax.Array | None = None,
-               **_kernel_options: Any) -> jax.Array:
+               window: int = 0, **_kernel_options: Any) -> jax.Array:
         """Store k/v, then attend q [b, s, h, d] (at `positions` [b, s]) over the cache.
 
         Takes the keyword arguments of `ops.attention`; the kernel choices (impl, block sizes,
@@ -68,6 +68,8 @@ class KVCache:
         key_pos = self.positions[:, None, :]                # [b, 1, max_len]
         query_pos = positions[:, :, None]                   # [b, s, 1]
         visible = (key_pos >= 0) & (key_pos <= query_pos)   # [b, s, max_len]
+        if window:  # sliding-window attention: the last `window` positions, itself included
+            visible = visible & (query_pos - key_pos < window)
         probs = reference.normalize(logits, visible[:, None, None], normalizer, sink_logits)
         # A padding query sees no key: give it zeros instead of 0/0.
         probs = jnp.where(visible.any(-1)[:, None, None, :, None], probs, 0.0)
