@@ -138,7 +138,9 @@ class Attention(nnx.Module):
         fuse_gate = (variant.fusable_sdpa_gate and not needs_ungated
                      and getattr(self.gate, "forced", None) is None)
         attend = (ops.attention if kv_cache is None
-                  else functools.partial(kv_cache.attend, positions=positions))
+                  else functools.partial(kv_cache.attend, positions=positions,
+                                         rope_base=cfg.rope_base,
+                                         rope_scaling=cfg.rope_scaling))
         out = attend(
             q, k, v,
             gate=self.gate.logits(x) if fuse_gate else None,
