@@ -93,7 +93,8 @@ class Attention(nnx.Module):
         self.gate = make_gate(variant.gate_position) if variant.gated else None
         for position in variant.extra_positions:
             setattr(self, f"gate_{position}", make_gate(position))
-        self.head_mask = None  # an Intervention [heads] set by gated_attention/intervene.py
+        # An Intervention [heads] set by gated_attention/intervene.py (None: every head).
+        self.head_mask = nnx.data(None)
         if variant.normalizer == "learned_sink":
             self.sink_logits = param(rngs, (heads,), ("heads",), init="zeros")
 

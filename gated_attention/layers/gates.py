@@ -38,6 +38,7 @@ class Gate(nnx.Module):
         self.variant = variant
         self.dtype = dtype
         self.per_head = heads is not None
+        self.heads = heads or 0
         if self.per_head:
             if variant.granularity == "elementwise":
                 shape, names = (heads, head_dim), (heads_axis, "head_dim")
@@ -57,7 +58,7 @@ class Gate(nnx.Module):
             self.kernel = param(rngs, (self.input_width, *shape), ("embed", *names),
                                 init=variant.gate_init)
         # Intervention [heads] (or [D] for G5): scores forced to this value where not NaN.
-        self.forced = None
+        self.forced = nnx.data(None)
         if variant.gate_bias:
             self.bias = param(rngs, shape, names, init="zeros")
             self.bias.set_value(self.bias.get_value() + variant.gate_bias_init)
