@@ -92,3 +92,13 @@ def test_bad_eviction_settings_name_the_field():
         KVCache.empty(1, 8, 2, 8, keep_first=2)
     with pytest.raises(ValueError, match="evict_window=-1 and keep_first=0 must be >= 0"):
         KVCache.empty(1, 8, 2, 8, evict_window=-1)
+
+
+def test_eviction_eval_refuses_bad_windows_before_loading(tmp_path):
+    from gated_attention import evaluate_length
+
+    with pytest.raises(FileNotFoundError, match="holds no config.json"):
+        evaluate_length.eviction_eval(tmp_path, [8])
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"--evict_windows=\[0\] must be >= 1"):
+        evaluate_length.eviction_eval(tmp_path, [0])
