@@ -73,7 +73,8 @@ def matmul_params(cfg: ModelConfig) -> int:
     """Active parameters that take part in a matmul (no norms, no embedding lookup)."""
     total = 0.0
     for leaf in param_leaves(cfg):
-        if leaf.name.endswith(("scale", "theta", "sink_logits")):
+        if leaf.name.endswith(("scale", "theta", "sink_logits")) or re.search(
+                r"\.gate(_\w+)?\.bias$", leaf.name):
             continue
         if leaf.name == "embed" and not cfg.tied_embeddings:
             continue  # a lookup; the untied lm_head is the matmul
@@ -84,9 +85,38 @@ def matmul_params(cfg: ModelConfig) -> int:
 def gate_width(cfg: ModelConfig) -> int:
     """Gate outputs per token in one layer (0 for an ungated variant)."""
     for leaf in param_leaves(cfg):
-        if leaf.name.startswith("layers.0.attention.gate.") and leaf.name.endswith("kernel"):
+        if leaf.name.startswith("layers.0.attention.gate.") and leaf.name.endswith(
+                ("kernel", "kernel_b")):
             return math.prod(leaf.shape[1:])
     return 0
+
+
+def gate_outputs(cfg: ModelConfig, position: str) -> int:
+    """Scores per token of the gate at `position`: heads x d, kv_heads x d, heads, kv_heads
+    (headwise) or D (G5), with heads after the variant's deltas."""
+    variant = cfg.variant
+    heads, kv_heads = cfg.heads
+    if position == "dense_output":
+        return cfg.d_model
+    n = heads if position in ("sdpa", "query") else kv_heads
+    return n if variant.granularity == "headwise" else n * cfg.head_dim
+
+
+def gate_params_closed_form(cfg: ModelConfig) -> int:
+    """Gate parameters of the whole model in closed form, per gated position and layer:
+    constant theta: out; else k x out (full rank) or k r + r out (rank r), + out with a bias;
+    k = the gate's input width. Tested against the built model's leaves."""
+    variant = cfg.variant
+    total = 0
+    for position in variant.gate_positions:
+        out = gate_outputs(cfg, position)
+        if variant.gate_input == "constant":
+            total += out
+            continue
+        k, r = variant.gate_input_width(cfg.d_model), variant.gate_rank
+        total += (k * r + r * out) if r else k * out
+        total += out if variant.gate_bias else 0
+    return total * cfg.num_layers
 
 
 def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:

@@ -16,6 +16,17 @@ Attention runs through ops "chunked" (blockwise, no S x S matrix), so 16k tokens
 "yarn" uses factor = yarn_factor, or the longest length / the training length when 0, over
 the run's training length (data.seq_len). Results go to <workdir>/length_eval/length_eval.json;
 an evaluation with other settings already there is moved to length_eval.<n>/ first.
+
+KV-cache eviction (StreamingLLM; layers/kv_cache.py):
+
+    python -m gated_attention.evaluate_length --workdir=runs/x --evict_windows=16,32 \
+        --keep_first=0,1,4 [--ppl_rows=16] [--batch_size=8]
+
+scores the run's held-out rows (as analyze reads them, at its training length) through a
+cache that keeps the last W tokens and the first k: loss and next-token accuracy at the
+positions beyond the window (>= W, where tokens have been evicted), beside full attention;
+on the Bigram-Backcopy task also the copy accuracy there. Written to
+<workdir>/length_eval/eviction.json (an earlier one is kept: eviction.<n>.json).
 """
 
 from __future__ import annotations
@@ -192,6 +203,84 @@ def evaluate(workdir: str | os.PathLike[str], lengths: Sequence[int], *,
     return out
 
 
+def eviction_eval(workdir: str | os.PathLike[str], windows: Sequence[int],
+                  keep_firsts: Sequence[int] = (0,), *, rows: int = 16, batch_size: int = 8,
+                  step: int | None = None) -> dict[str, Any]:
+    """Held-out loss / accuracy beyond the window under KV-cache eviction; writes the result."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from gated_attention import generate, train
+    from gated_attention.analyze import analysis_batches
+
+    workdir = paths.resolve(workdir)
+    if not (workdir / "config.json").exists():
+        raise FileNotFoundError(f"{workdir} holds no config.json: not a training run")
+    if not windows or min(windows) < 1 or min(keep_firsts, default=0) < 0 or rows < 1 \
+            or batch_size < 1:
+        raise ValueError(f"--evict_windows={list(windows)} must be >= 1, --keep_first="
+                         f"{list(keep_firsts)} >= 0, --ppl_rows={rows} and --batch_size="
+                         f"{batch_size} >= 1")
+    model, config = train.load_params(workdir, step=step)
+    batches, chain, description = analysis_batches(config, workdir, batch_size,
+                                                   max(1, -(-rows // batch_size)))
+    copy_mask = None
+    if config.data.source == "bigram_backcopy":
+        from gated_attention.data.bigram_backcopy import copy_positions
+
+        copy_mask = lambda inputs: copy_positions(chain, inputs)  # noqa: E731
+    full = nnx.jit(lambda m, t: m(t)[0].astype(jnp.float32))
+
+    def score(logits_of, W: int) -> dict[str, Any]:
+        sums: dict[str, float] = {}
+        for batch in batches:
+            inputs, targets = np.asarray(batch["inputs"]), np.asarray(batch["targets"])
+            mask = np.asarray(batch.get("mask", np.ones_like(targets)), bool)
+            logits = np.asarray(logits_of(inputs), np.float64)
+            shifted = logits - logits.max(-1, keepdims=True)
+            nll = np.log(np.exp(shifted).sum(-1)) - np.take_along_axis(
+                shifted, targets[..., None], -1)[..., 0]
+            correct = logits.argmax(-1) == targets
+            beyond = mask & (np.arange(inputs.shape[1]) >= W)[None]
+            parts = {"": beyond}
+            if copy_mask is not None:
+                parts["copy_"] = beyond & np.asarray(copy_mask(inputs), bool)
+            for prefix, m in parts.items():
+                sums[prefix + "tokens"] = sums.get(prefix + "tokens", 0) + float(m.sum())
+                sums[prefix + "nll"] = sums.get(prefix + "nll", 0) + float((nll * m).sum())
+                sums[prefix + "correct"] = sums.get(prefix + "correct", 0) + float(
+                    (correct & m).sum())
+        out = {}
+        for prefix in ("", "copy_") if copy_mask is not None else ("",):
+            n = max(sums[prefix + "tokens"], 1.0)
+            out.update({prefix + "loss": sums[prefix + "nll"] / n,
+                        prefix + "accuracy": sums[prefix + "correct"] / n,
+                        prefix + "tokens": int(sums[prefix + "tokens"])})
+        return out
+
+    results = []
+    for W in sorted(set(windows)):
+        entry = {"window": W, "full": score(lambda t: full(model, jnp.asarray(t)), W)}
+        for k in sorted(set(keep_firsts)):
+            entry[f"keep_first={k}"] = score(
+                lambda t, W=W, k=k: generate.streaming_logits(model, t, evict_window=W,
+                                                              keep_first=k), W)
+        results.append(entry)
+        print(f"W={W}: " + ", ".join(f"{name} loss {e['loss']:.4f} acc {e['accuracy']:.3f}"
+                                     for name, e in entry.items() if name != "window"),
+              flush=True)
+    result = {"workdir": str(workdir), "variant": config.variant, "arch": config.arch,
+              "data": description, "seq_len": int(config.data.seq_len),
+              "rows": sum(len(b["inputs"]) for b in batches), "results": results}
+    out, n = workdir / EVAL_DIR / "eviction.json", 0
+    while out.exists():
+        n += 1
+        out = workdir / EVAL_DIR / f"eviction.{n}.json"
+    paths.write_atomic(out, json.dumps(result, indent=2) + "\n")
+    result["out"] = str(out)
+    return result
+
+
 def _task_score(forward, params, task, length, examples, tokenizer, add_bos, count_tokens,
                 seed, batch_size, options) -> dict[str, Any]:
     try:
@@ -275,12 +364,26 @@ def _define_flags() -> None:
     flags.DEFINE_integer("block", 512, "Query / key block of the chunked attention.")
     flags.DEFINE_integer("seed", 0, "Seed of the retrieval examples.")
     flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+    flags.DEFINE_list("evict_windows", [], "KV-cache eviction: windows W to score (instead "
+                      "of --lengths), at the run's training length.")
+    flags.DEFINE_list("keep_first", ["0"], "With --evict_windows: first tokens kept (k).")
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     FLAGS = flags.FLAGS
+    if FLAGS.evict_windows:
+        try:
+            result = eviction_eval(FLAGS.workdir, [int(x) for x in FLAGS.evict_windows],
+                                   [int(x) for x in FLAGS.keep_first], rows=FLAGS.ppl_rows,
+                                   batch_size=FLAGS.batch_size, step=FLAGS.step)
+        except (FileNotFoundError, ValueError) as err:
+            sys.exit(f"Error: {err}")
+        print(f"Written to {result['out']}")
+        return
+    if not FLAGS.lengths:
+        sys.exit("Error: give --lengths (or --evict_windows)")
     try:
         lengths = [int(x) for x in FLAGS.lengths]
     except ValueError:
@@ -297,5 +400,5 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     _define_flags()
-    flags.mark_flags_as_required(["workdir", "lengths"])
+    flags.mark_flags_as_required(["workdir"])
     app.run(main)

@@ -13,6 +13,10 @@ tokens whose probability reaches top_p (nucleus sampling).
     logits, caches = decoder.prefill(tokens, positions)      # logits of the last position
     logits, caches = decoder.step(caches, next_token, position)
     new_tokens = generate(model, [prompt_ids], max_new_tokens=32)
+
+KV-cache eviction (layers/kv_cache.py, StreamingLLM): `evict_window=W` keeps the last W
+tokens, `keep_first=k` also the first k (`--evict_window=256 --keep_first=4`);
+`streaming_logits` scores whole rows under the same eviction, chunk by chunk.
 """
 
 from __future__ import annotations
@@ -71,14 +75,17 @@ def _forward(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array,
 class Decoder:
     """Prefill and decode steps of one model for a fixed batch size and cache length."""
 
-    def __init__(self, model: Transformer, *, batch: int, max_len: int):
+    def __init__(self, model: Transformer, *, batch: int, max_len: int, evict_window: int = 0,
+                 keep_first: int = 0):
         self.cfg = model.cfg
         self.batch, self.max_len = batch, max_len
+        self.evict_window, self.keep_first = evict_window, keep_first
         self.graphdef, self.state = nnx.split(model)
         self._forward = jax.jit(functools.partial(_forward, self.graphdef))
 
     def empty_caches(self) -> Caches:
-        return empty_caches(self.cfg, self.batch, self.max_len)
+        return empty_caches(self.cfg, self.batch, self.max_len, evict_window=self.evict_window,
+                            keep_first=self.keep_first)
 
     def prefill(self, tokens: jax.Array, positions: jax.Array,
                 caches: Caches | None = None) -> tuple[jax.Array, Caches]:
@@ -132,7 +139,8 @@ def _generate(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array,
 
 def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
              temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-             eos_id: int | None = None, pad_id: int = 0) -> np.ndarray:
+             eos_id: int | None = None, pad_id: int = 0, evict_window: int = 0,
+             keep_first: int = 0) -> np.ndarray:
     """New tokens [b, max_new_tokens] for each prompt (token ids), prefill + scan under jit."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
@@ -143,11 +151,39 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
     tokens, positions = left_pad(prompts, pad_id)
     model = per_layer(model)  # one KV cache per layer: a scanned model is unstacked first
     graphdef, state = nnx.split(model)
-    caches = empty_caches(model.cfg, len(prompts), tokens.shape[1] + max_new_tokens)
+    caches = empty_caches(model.cfg, len(prompts), tokens.shape[1] + max_new_tokens,
+                          evict_window=evict_window, keep_first=keep_first)
     out = _generate(graphdef, state, jnp.asarray(tokens), jnp.asarray(positions), caches,
                     jax.random.key(seed), max_new_tokens=max_new_tokens,
                     temperature=float(temperature), top_p=float(top_p), eos_id=eos_id)
     return np.asarray(out)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _forward_all(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array,
+                 positions: jax.Array, caches: Caches) -> tuple[jax.Array, Caches]:
+    model = nnx.merge(graphdef, state)
+    logits, _ = model(tokens, positions=positions, kv_caches=caches)
+    return logits.astype(jnp.float32), caches
+
+
+def streaming_logits(model: Transformer, tokens: np.ndarray | jax.Array, *, evict_window: int,
+                     keep_first: int = 0, chunk: int = 0) -> jax.Array:
+    """Logits [b, L, V] of rows [b, L] read through an evicting KV cache, `chunk` tokens at
+    a time (default: the window): what a streaming model predicts at every position."""
+    model = per_layer(model)
+    tokens = jnp.asarray(tokens, jnp.int32)
+    b, length = tokens.shape
+    chunk = chunk or evict_window
+    graphdef, state = nnx.split(model)
+    caches = empty_caches(model.cfg, b, 0, evict_window=evict_window, keep_first=keep_first)
+    out = []
+    for start in range(0, length, chunk):
+        piece = tokens[:, start:start + chunk]
+        positions = jnp.broadcast_to(jnp.arange(start, start + piece.shape[1]), piece.shape)
+        logits, caches = _forward_all(graphdef, state, piece, positions, caches)
+        out.append(logits)
+    return jnp.concatenate(out, axis=1)
 
 
 # ------------------------------------ command line ------------------------------------
@@ -200,9 +236,13 @@ def main(argv: list[str]) -> None:
     prompt = encode_prompt(FLAGS.prompt, tokenizer, config)
     if not prompt:
         sys.exit("Error: --prompt encodes to no tokens")
-    new = generate(model, [prompt], FLAGS.max_new_tokens, temperature=FLAGS.temperature,
-                   top_p=FLAGS.top_p, seed=FLAGS.seed,
-                   eos_id=None if FLAGS.ignore_eos else int(tokenizer.eos_id))[0]
+    try:
+        new = generate(model, [prompt], FLAGS.max_new_tokens, temperature=FLAGS.temperature,
+                       top_p=FLAGS.top_p, seed=FLAGS.seed,
+                       eos_id=None if FLAGS.ignore_eos else int(tokenizer.eos_id),
+                       evict_window=FLAGS.evict_window, keep_first=FLAGS.keep_first)[0]
+    except ValueError as err:
+        sys.exit(f"Error: {err}")
     eos = np.flatnonzero(new == tokenizer.eos_id)
     if eos.size and not FLAGS.ignore_eos:
         new = new[: eos[0]]
@@ -222,6 +262,10 @@ def _define_flags() -> None:
                        "probability mass.")
     flags.DEFINE_integer("seed", 0, "Sampling seed.")
     flags.DEFINE_bool("ignore_eos", False, "Keep generating past the end-of-text token.")
+    flags.DEFINE_integer("evict_window", 0, "KV-cache eviction: keep only the last N tokens "
+                         "(0 = keep all).")
+    flags.DEFINE_integer("keep_first", 0, "With --evict_window: also keep the first N tokens "
+                         "(StreamingLLM's attention sinks).")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ COMBINES = ("multiply", "add")
 GATE_INPUTS = ("hidden", "constant")
 SDPA_TRANSFORMS = ("none", "silu", "rmsnorm")
 SWITCH_TARGETS = ("none", "v", "kv")
+GATE_INITS = ("normal", "zeros")
 
 
 class VariantError(ValueError):
@@ -61,6 +62,17 @@ class AttentionVariant:
     switch_target: str = "none"
     switch_experts: int = 1
     switch_top_k: int = 1
+    # Axes beyond the paper's tables (docs/beyond.md).
+    gate_input_dims: int = 0          # the gate reads X[..., :k]; 0 = all of D
+    gate_input_fraction: float = 1.0  # ... or the first round(fraction * D) dimensions
+    gate_rank: int = 0                # W_gate = A B with A [k, r], B [r, out]; 0 = full rank
+    gate_scale: float = 1.0           # scores = gate_scale * act(X W): 2 with sigmoid = 2σ
+    gate_init: str = "normal"         # W_gate init: normal(0, 0.02) or zeros
+    gate_bias: bool = False           # a learned bias on the gate logits ...
+    gate_bias_init: float = 0.0       # ... initialised to this value
+    extra_gate_positions: str = ""    # more gated positions, comma-separated (e.g. "value")
+    exclusive_self_attention: bool = False  # XSA: drop y_i's component along its own v_i
+    window: int = 0                   # sliding window: a query sees its last `window` keys
 
     def __post_init__(self) -> None:
         position = POSITION_ALIASES.get(self.gate_position, self.gate_position)
@@ -99,6 +111,7 @@ class AttentionVariant:
                 raise VariantError(f"{field}={getattr(self, field)} must be > 0")
         if self.extra_experts < 0:
             raise VariantError(f"extra_experts={self.extra_experts} must be >= 0")
+        self._check_beyond_axes()
         if self.switch_target != "none":
             if self.switch_experts < 1:
                 raise VariantError(f"switch_experts={self.switch_experts} must be >= 1")
@@ -107,6 +120,71 @@ class AttentionVariant:
                     f"switch_top_k={self.switch_top_k} must be in 1..switch_experts="
                     f"{self.switch_experts}"
                 )
+
+    def _check_beyond_axes(self) -> None:
+        _check_choice("gate_init", self.gate_init, GATE_INITS)
+        if self.gate_input_dims < 0:
+            raise VariantError(f"gate_input_dims={self.gate_input_dims} must be >= 0 "
+                               "(0 = all of d_model)")
+        if not 0.0 < self.gate_input_fraction <= 1.0:
+            raise VariantError(f"gate_input_fraction={self.gate_input_fraction} must be in "
+                               "(0, 1]")
+        if self.gate_input_dims and self.gate_input_fraction != 1.0:
+            raise VariantError("gate_input_dims and gate_input_fraction both set; set one "
+                               "(gate_input_dims=0 or gate_input_fraction=1.0)")
+        if self.gate_rank < 0:
+            raise VariantError(f"gate_rank={self.gate_rank} must be >= 0 (0 = full rank)")
+        if self.gate_scale <= 0:
+            raise VariantError(f"gate_scale={self.gate_scale} must be > 0")
+        if self.window < 0:
+            raise VariantError(f"window={self.window} must be >= 0 (0 = no window)")
+        shapes_gate = (self.gate_input_dims or self.gate_input_fraction != 1.0
+                       or self.gate_rank or self.gate_init != "normal"
+                       or self.gate_bias or self.gate_scale != 1.0 or self.extra_gate_positions)
+        if shapes_gate and not self.gated:
+            raise VariantError("gate_input_dims, gate_input_fraction, gate_rank, gate_scale, "
+                               "gate_init, gate_bias and extra_gate_positions need a gate; set "
+                               "gate_position to one of " + ", ".join(GATE_POSITIONS[1:]))
+        if self.gate_input == "constant" and (self.gate_input_dims or self.gate_rank
+                                              or self.gate_input_fraction != 1.0
+                                              or self.gate_bias):
+            raise VariantError("gate_input='constant' reads no input; gate_input_dims, "
+                               "gate_input_fraction, gate_rank and gate_bias need "
+                               "gate_input='hidden'")
+        extra = self.extra_positions
+        for position in extra:
+            _check_choice("extra_gate_positions", position, GATE_POSITIONS[1:])
+        if self.gate_position in extra or len(set(extra)) != len(extra):
+            raise VariantError(f"extra_gate_positions={self.extra_gate_positions!r} repeats a "
+                               f"gated position (gate_position={self.gate_position!r})")
+        if "dense_output" in extra and (self.granularity == "headwise"
+                                        or self.sharing == "head_shared"):
+            raise VariantError("extra_gate_positions has 'dense_output' (G5), which has no "
+                               "heads; granularity must be 'elementwise' and sharing "
+                               "'head_specific'")
+        if self.sdpa_transform != "none" and "sdpa" in extra:
+            raise VariantError("sdpa_transform acts on the SDPA output; it cannot be combined "
+                               "with an extra 'sdpa' gate")
+
+    @property
+    def extra_positions(self) -> tuple[str, ...]:
+        """extra_gate_positions as canonical position names (aliases G1-G5 accepted)."""
+        names = [p.strip() for p in self.extra_gate_positions.split(",") if p.strip()]
+        return tuple(POSITION_ALIASES.get(p, p) for p in names)
+
+    @property
+    def gate_positions(self) -> tuple[str, ...]:
+        """Every gated position: gate_position first, then the extra ones."""
+        return (self.gate_position, *self.extra_positions) if self.gated else ()
+
+    def gate_input_width(self, d_model: int) -> int:
+        """How many leading dimensions of the normed input X the gate reads."""
+        if self.gate_input_dims:
+            if self.gate_input_dims > d_model:
+                raise VariantError(f"gate_input_dims={self.gate_input_dims} must be <= "
+                                   f"d_model={d_model}")
+            return self.gate_input_dims
+        return max(1, round(self.gate_input_fraction * d_model))
 
     @property
     def gated(self) -> bool:
@@ -119,6 +197,8 @@ class AttentionVariant:
             self.gate_position == "sdpa"
             and self.combine == "multiply"
             and self.sdpa_transform == "none"
+            and self.gate_scale == 1.0
+            and not self.exclusive_self_attention
         )
 
     def replace(self, **changes: Any) -> AttentionVariant:
@@ -187,7 +267,25 @@ _VARIANT_FIELDS: dict[str, dict[str, Any]] = {
     "softmax_off_by_one": {"normalizer": "softmax_off_by_one"},
     "learned_sink": {"normalizer": "learned_sink"},
     "softpick": {"normalizer": "softpick"},
+    # Beyond the paper (docs/beyond.md): gate input width, rank, parametrisation, positions,
+    # exclusive self-attention and sliding windows.
+    "g1_input_16th": _g("sdpa", gate_input_fraction=1 / 16),
+    "g1_input_12": _g("sdpa", gate_input_dims=12),
+    "g1_headwise_input_12": _g("sdpa", granularity="headwise", gate_input_dims=12),
+    "g1_rank_8": _g("sdpa", gate_rank=8),
+    "g1_two_sigmoid_zero_init": _g("sdpa", gate_scale=2.0, gate_init="zeros"),
+    "g1_bias_init_2": _g("sdpa", gate_bias=True, gate_bias_init=2.0),
+    "g1_g2": _g("sdpa", extra_gate_positions="value"),
+    "g1_g2_headwise": _g("sdpa", granularity="headwise", extra_gate_positions="value"),
+    "xsa": {"exclusive_self_attention": True},
+    "xsa_g1": _g("sdpa", exclusive_self_attention=True),
+    "swa_32": {"window": 32},
+    "swa_32_g1_headwise": _g("sdpa", granularity="headwise", window=32),
+    "swa_32_g1": _g("sdpa", window=32),
 }
+
+# The names added beyond the paper's tables (docs/beyond.md), in registry order.
+BEYOND_PAPER = tuple(list(_VARIANT_FIELDS)[list(_VARIANT_FIELDS).index("g1_input_16th"):])
 
 VARIANTS: Mapping[str, AttentionVariant] = {
     name: AttentionVariant(name=name, **fields) for name, fields in _VARIANT_FIELDS.items()

@@ -120,3 +120,110 @@ def attention_layer(x, params, variant, *, positions, segment_ids=None, qk_norm=
     if pos == "dense_output":
         out = apply_gate(out, x, params["gate"], variant)
     return out
+
+
+# ---- Beyond the paper (docs/beyond.md): gate input width and rank, 2·sigmoid and biased
+# gates, several gated positions, exclusive self-attention, sliding windows. ----
+
+def window_mask(s, t, window, causal=True):
+    """[s, t] booleans by loops: query i (the last s of t positions) sees key j when j <= i
+    and i - j < window (window 0: no limit)."""
+    mask = np.zeros((s, t), bool)
+    for i in range(s):
+        qi = i + t - s
+        for j in range(t):
+            mask[i, j] = (not causal or j <= qi) and (not window or qi - j < window)
+    return mask
+
+
+def attention_probs_window(q, k, *, window=0, segment_ids=None, normalizer="softmax",
+                           sink=None):
+    """attention_probs with a sliding window (softmax family), by loops."""
+    b, s, h, d = q.shape
+    t, kv = k.shape[1], k.shape[2]
+    allowed = window_mask(s, t, window)
+    probs = np.zeros((b, h, s, t))
+    for bi in range(b):
+        for hi in range(h):
+            kh = hi // (h // kv)
+            for i in range(s):
+                visible = [j for j in range(t) if allowed[i, j]
+                           and (segment_ids is None or segment_ids[bi, j] == segment_ids[bi, i])]
+                x = np.array([q[bi, i, hi] @ k[bi, j, kh] / np.sqrt(d) for j in visible])
+                extra = {"softmax": 0.0, "softmax_off_by_one": 1.0}.get(normalizer)
+                if normalizer == "learned_sink":
+                    extra = np.exp(sink[hi])
+                probs[bi, hi, i, visible] = np.exp(x) / (extra + np.exp(x).sum())
+    return probs
+
+
+def xsa(y, v):
+    """Exclusive self-attention: z_i = y_i - (y_i . v_i) v_i / |v_i|^2 per head (GQA: query
+    head n reads kv head n // group), by loops."""
+    b, s, h, d = y.shape
+    group = h // v.shape[2]
+    z = np.empty_like(y)
+    for bi in range(b):
+        for si in range(s):
+            for hi in range(h):
+                vi = v[bi, si, hi // group]
+                z[bi, si, hi] = y[bi, si, hi] - (y[bi, si, hi] @ vi) / (vi @ vi) * vi
+    return z
+
+
+def gate_scores_beyond(x, gate, variant):
+    """scale * act(X[:, :, :k] W + bias), W full [k, out...] or A [k, r] @ B [r, out...]."""
+    xk = x[..., : gate["width"]]
+    if "a" in gate:
+        w = np.tensordot(gate["a"], gate["b"], axes=(1, 0))
+    else:
+        w = gate["kernel"]
+    logits = np.tensordot(xk, w, axes=(2, 0))
+    if "bias" in gate:
+        logits = logits + gate["bias"]
+    if variant.get("sharing") == "head_shared" and logits.ndim == 4:
+        logits = np.broadcast_to(logits.mean(axis=2, keepdims=True), logits.shape)
+    return variant.get("gate_scale", 1.0) * ACT[variant["activation"]](logits)
+
+
+def apply_gate_beyond(y, x, gate, variant):
+    scores = gate_scores_beyond(x, gate, variant)
+    if scores.ndim == y.ndim - 1:
+        scores = scores[..., None]
+    return y * scores
+
+
+def attention_layer_beyond(x, params, variant, *, positions, segment_ids=None, qk_norm=True,
+                           head_mask=None):
+    """attention_layer with params["gates"] = {position: gate} (each gated position), XSA
+    (variant["xsa"]) and a sliding window (variant["window"]); head_mask [h] zeroes heads'
+    outputs before o_proj."""
+    gates = params.get("gates", {})
+    q = np.einsum("bsD,Dhd->bshd", x, params["q_proj"])
+    k = np.einsum("bsD,Dhd->bshd", x, params["k_proj"])
+    v = np.einsum("bsD,Dhd->bshd", x, params["v_proj"])
+    if "query" in gates:
+        q = apply_gate_beyond(q, x, gates["query"], variant)
+    if "key" in gates:
+        k = apply_gate_beyond(k, x, gates["key"], variant)
+    if "value" in gates:
+        v = apply_gate_beyond(v, x, gates["value"], variant)
+    if qk_norm:
+        q, k = rms(q) * params["q_norm"], rms(k) * params["k_norm"]
+    q, k = rope(q, positions), rope(k, positions)
+    probs = attention_probs_window(q, k, window=variant.get("window", 0),
+                                   segment_ids=segment_ids,
+                                   normalizer=variant.get("normalizer", "softmax"),
+                                   sink=params.get("sink_logits"))
+    h = q.shape[2]
+    out = np.einsum("bhst,bthd->bshd", probs, np.repeat(v, h // k.shape[2], axis=2))
+    if variant.get("xsa"):
+        out = xsa(out, v)
+    if "sdpa" in gates:
+        out = apply_gate_beyond(out, x, gates["sdpa"], variant)
+    if head_mask is not None:
+        out = out * np.asarray(head_mask)[None, None, :, None]
+    out = np.einsum("bshd,hdD->bsD", out, params["o_proj"])
+    if "dense_output" in gates:
+        out = apply_gate_beyond(out, x, gates["dense_output"], variant)
+    return out

@@ -8,10 +8,12 @@ from flax import nnx
 
 from gated_attention.config_lib import ModelConfig
 from gated_attention.layers.attention import Attention
-from gated_attention.variants import VARIANTS
+from gated_attention.variants import BEYOND_PAPER, VARIANTS
 
+# The axes beyond the paper have their own numpy cases (tests/test_beyond_variants.py).
 ATTENTION_VARIANTS = [name for name, v in VARIANTS.items()
-                      if v.switch_target == "none" and not v.extra_experts]
+                      if v.switch_target == "none" and not v.extra_experts
+                      and name not in BEYOND_PAPER]
 
 
 def tiny_cfg(variant, **kw):

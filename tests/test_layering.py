@@ -59,6 +59,7 @@ FLOORS: dict[str, int] = {
     "gated_attention.convert": 5,
     "gated_attention.generate": 5,
     "gated_attention.evaluate_length": 5,
+    "gated_attention.intervene": 5,
 }
 FLOOR_NAMES = ("ops", "sharding", "layers", "model", "train", "CLIs")
 

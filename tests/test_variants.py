@@ -91,3 +91,33 @@ def test_config_override_of_a_single_axis():
 def test_unknown_arch_names_the_field():
     with pytest.raises(ConfigError, match="arch='huge' is not allowed; choose one of tiny, small"):
         base_config("huge", "baseline")
+
+
+@pytest.mark.parametrize("name, fields", [
+    ("g1_input_12", dict(gate_position="sdpa", gate_input_dims=12)),
+    ("g1_input_16th", dict(gate_input_fraction=1 / 16)),
+    ("g1_rank_8", dict(gate_rank=8)),
+    ("g1_two_sigmoid_zero_init", dict(gate_scale=2.0, gate_init="zeros", activation="sigmoid")),
+    ("g1_bias_init_2", dict(gate_bias=True, gate_bias_init=2.0)),
+    ("g1_g2", dict(gate_position="sdpa", extra_gate_positions="value")),
+    ("xsa", dict(gate_position="none", exclusive_self_attention=True)),
+    ("xsa_g1", dict(gate_position="sdpa", exclusive_self_attention=True)),
+    ("swa_32_g1", dict(gate_position="sdpa", window=32)),
+])
+def test_registry_fields_beyond_the_paper(name, fields):
+    variant = VARIANTS[name]
+    for key, value in fields.items():
+        assert getattr(variant, key) == value, (name, key)
+    assert variant.gate_positions == (() if not variant.gated else
+                                      ("sdpa", *(("value",) if name == "g1_g2" else ())))
+
+
+def test_a_beyond_axis_overrides_from_the_config():
+    config = base_config("tiny", "g1_sdpa_elementwise")
+    config.attention.window = 16
+    config.attention.gate_rank = 4
+    cfg = model_config(config)
+    assert (cfg.variant.window, cfg.variant.gate_rank) == (16, 4)
+    config.attention.gate_init = "ones"
+    with pytest.raises(ConfigError, match="attention: gate_init='ones' is not allowed"):
+        model_config(config)

@@ -4,6 +4,13 @@ Order as in docs/method.md: project q/k/v from the block's normalised input X; g
 projection outputs; q/k RMSNorm; RoPE; SDPA through `ops.attention`; G1 gate (fused into the
 kernel when it is a plain `attn * act(X W)`), or a parameter-free transform; concat heads;
 o_proj; G5 gate. The G1 gate never goes through QK-norm or RoPE.
+
+Beyond the paper (docs/beyond.md): more than one gated position (`extra_gate_positions`, one
+Gate module each, `gate_<position>`); exclusive self-attention (XSA, arXiv 2603.09078:
+z_i = y_i - (y_i . v_i) v_i / |v_i|^2 per head, v_i the value the head read at its own token)
+after SDPA and before any G1 gate; a sliding window passed to the kernel. Interventions
+(gated_attention/intervene.py) set `head_mask` (an `Intervention` variable, never a Param):
+heads whose mask is 0 contribute nothing to o_proj.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from gated_attention import ops, sharding
-from gated_attention.layers.gates import Gate
+from gated_attention.layers.gates import Gate, Intervention  # noqa: F401 - re-exported
 from gated_attention.layers.kv_cache import KVCache
 from gated_attention.layers.norms import RMSNorm, rms_normalize
 from gated_attention.layers.params import cast, param
@@ -28,6 +35,21 @@ if TYPE_CHECKING:  # the type only: config_lib defines ModelConfig above these f
     from gated_attention.config_lib import ModelConfig
 
 GATE_TARGETS = {"sdpa": "heads", "query": "heads", "key": "kv_heads", "value": "kv_heads"}
+XSA_EPS = 1e-12  # only guards an all-zero value vector
+
+
+def exclusive_self_attention(out: jax.Array, v: jax.Array) -> jax.Array:
+    """Remove from each head's output y_i its component along the head's own value v_i.
+
+    out [b, s, h, d]; v [b, s, kv_heads, d] (query head n reads kv head n // (h / kv_heads)).
+    """
+    h, kv_heads = out.shape[2], v.shape[2]
+    dtype = jnp.promote_types(out.dtype, jnp.float32)
+    v_own = jnp.repeat(v.astype(dtype), h // kv_heads, axis=2)
+    y = out.astype(dtype)
+    along = jnp.einsum("bshd,bshd->bsh", y, v_own) / (
+        jnp.einsum("bshd,bshd->bsh", v_own, v_own) + XSA_EPS)
+    return (y - along[..., None] * v_own).astype(out.dtype)
 
 
 def _mesh_axes() -> dict:
@@ -61,14 +83,18 @@ class Attention(nnx.Module):
             norm = lambda: RMSNorm(d, rngs=rngs, eps=cfg.norm_eps,  # noqa: E731
                                    zero_centred=cfg.zero_centred_norm, axis_name="head_dim")
             self.q_norm, self.k_norm = norm(), norm()
-        gate = None
-        if variant.gate_position == "dense_output":
-            gate = Gate(variant, D, heads=None, head_dim=None, rngs=rngs, dtype=dtype)
-        elif variant.gated:
-            axis = GATE_TARGETS[variant.gate_position]
-            gate = Gate(variant, D, heads=heads if axis == "heads" else kv_heads,
+        def make_gate(position: str) -> Gate:
+            if position == "dense_output":
+                return Gate(variant, D, heads=None, head_dim=None, rngs=rngs, dtype=dtype)
+            axis = GATE_TARGETS[position]
+            return Gate(variant, D, heads=heads if axis == "heads" else kv_heads,
                         head_dim=d, heads_axis=axis, rngs=rngs, dtype=dtype)
-        self.gate = gate
+
+        self.gate = make_gate(variant.gate_position) if variant.gated else None
+        for position in variant.extra_positions:
+            setattr(self, f"gate_{position}", make_gate(position))
+        # An Intervention [heads] set by gated_attention/intervene.py (None: every head).
+        self.head_mask = nnx.data(None)
         if variant.normalizer == "learned_sink":
             self.sink_logits = param(rngs, (heads,), ("heads",), init="zeros")
 
@@ -79,10 +105,17 @@ class Attention(nnx.Module):
         y = jnp.einsum("bsD,Dhd->bshd", x, cast(proj, self.cfg.compute_dtype))
         return y + cast(getattr(self, bias), y.dtype) if self.cfg.qkv_bias and bias else y
 
+    def gate_for(self, position: str) -> Gate | None:
+        """The gate module at `position` (gate_position or one of extra_gate_positions)."""
+        variant = self.cfg.variant
+        if self.gate is not None and variant.gate_position == position:
+            return self.gate
+        return getattr(self, f"gate_{position}", None) if position in variant.extra_positions \
+            else None
+
     def _gate_at(self, position: str, y: jax.Array, x: jax.Array) -> jax.Array:
-        if self.gate is not None and self.cfg.variant.gate_position == position:
-            return self.gate(y, x)
-        return y
+        gate = self.gate_for(position)
+        return y if gate is None else gate(y, x)
 
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None = None,
                  capture: frozenset[str] = frozenset(), kv_cache: KVCache | None = None,
@@ -103,9 +136,12 @@ class Attention(nnx.Module):
         self._capture_attention(q, k, segment_ids, sink, capture)
 
         needs_ungated = bool(capture & {"sdpa_before_gate", "sdpa_after_gate"})
-        fuse_gate = variant.fusable_sdpa_gate and not needs_ungated
+        fuse_gate = (variant.fusable_sdpa_gate and not needs_ungated
+                     and getattr(self.gate, "forced", None) is None)
         attend = (ops.attention if kv_cache is None
-                  else functools.partial(kv_cache.attend, positions=positions))
+                  else functools.partial(kv_cache.attend, positions=positions,
+                                         rope_base=cfg.rope_base,
+                                         rope_scaling=cfg.rope_scaling))
         out = attend(
             q, k, v,
             gate=self.gate.logits(x) if fuse_gate else None,
@@ -113,7 +149,10 @@ class Attention(nnx.Module):
             segment_ids=segment_ids, causal=True, normalizer=variant.normalizer,
             sink_logits=sink, impl=cfg.attention_impl,
             block_sizes=dict(cfg.block_sizes) or None, mesh_axes=_mesh_axes(),
+            **({"window": variant.window} if variant.window else {}),
         )
+        if variant.exclusive_self_attention:
+            out = exclusive_self_attention(out, v)
         if not fuse_gate:
             if "sdpa_before_gate" in capture:
                 self.sow(nnx.Intermediate, "sdpa_before_gate", out)
@@ -124,6 +163,8 @@ class Attention(nnx.Module):
             out = self._gate_at("sdpa", out, x)
             if "sdpa_after_gate" in capture:
                 self.sow(nnx.Intermediate, "sdpa_after_gate", out)
+        if self.head_mask is not None:
+            out = out * self.head_mask[...].astype(out.dtype)[:, None]
         out = jnp.einsum("bshd,hdD->bsD", out, cast(self.o_proj, cfg.compute_dtype))
         if cfg.o_proj_bias:
             out = out + cast(self.o_bias, out.dtype)
@@ -132,7 +173,8 @@ class Attention(nnx.Module):
     def _capture_attention(self, q: jax.Array, k: jax.Array, segment_ids: jax.Array | None,
                            sink: jax.Array | None, capture: frozenset[str]) -> None:
         kwargs = dict(segment_ids=segment_ids, causal=True,
-                      normalizer=self.cfg.variant.normalizer, sink_logits=sink)
+                      normalizer=self.cfg.variant.normalizer, sink_logits=sink,
+                      window=self.cfg.variant.window)
         if "attention_probs" in capture:
             self.sow(nnx.Intermediate, "attention_probs",
                      reference.attention_weights(q, k, **kwargs))

@@ -28,18 +28,19 @@ class Capability:
     cross_lengths: bool = False  # query and key lengths may differ
     platforms: frozenset[str] = frozenset({"cpu", "gpu", "tpu"})
     x64: bool = True  # traces with jax_enable_x64 on
+    windows: bool = False  # sliding-window masks (AttentionVariant.window)
 
     def serves(self, *, normalizer: str, segments: bool, dtype: str | None, same_length: bool,
-               platform: str, x64: bool = False) -> bool:
+               platform: str, x64: bool = False, window: bool = False) -> bool:
         return (platform in self.platforms and normalizer in self.normalizers
-                and (self.x64 or not x64)
+                and (self.x64 or not x64) and (self.windows or not window)
                 and (self.segments or not segments)
                 and (dtype or "float32") in self.dtypes  # unknown dtype: taken as float32
                 and (self.cross_lengths or same_length))
 
 
 CAPABILITIES: dict[str, Capability] = {
-    "xla": Capability(cross_lengths=True),
+    "xla": Capability(cross_lengths=True, windows=True),
     # jax.nn.dot_product_attention(implementation="cudnn"): plain softmax, 16-bit, no packing.
     "cudnn": Capability(normalizers=frozenset({"softmax"}), segments=False, dtypes=HALF,
                         cross_lengths=True, platforms=frozenset({"gpu"})),
@@ -51,8 +52,11 @@ CAPABILITIES: dict[str, Capability] = {
     # jax's splash attention: sinks cover off-by-one (a zero sink) and learned sinks.
     "splash": Capability(normalizers=ALL_NORMALIZERS - {"softpick"},
                          dtypes=frozenset({"float32", "bfloat16"}),
-                         platforms=frozenset({"tpu"}), x64=False),
+                         platforms=frozenset({"tpu"}), x64=False, windows=True),
 }
+# Outside `auto`'s lists: chunked XLA (chosen by name, for long contexts) serves windows too.
+WINDOW_IMPLS = ("xla", "chunked", *(name for name, c in CAPABILITIES.items()
+                                    if c.windows and name != "xla"))
 
 # Fastest first. GPU: cuDNN (about 410-470 TFLOP/s fwd+bwd on an H200 at B4 S4096 H16 D128)
 # ahead of the Triton kernel (predicted 0.4-0.55x of it); packed batches stay on the Triton
@@ -67,13 +71,14 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
 
 
 def choose(platform: str, *, normalizer: str, segments: bool, dtype: str | None,
-           same_length: bool, x64: bool = False) -> str:
+           same_length: bool, x64: bool = False, window: bool = False) -> str:
     """The first implementation in PREFERENCE[platform] that serves every requested feature."""
     if platform not in PREFERENCE:
         raise ValueError(f"platform={platform!r} is not allowed; choose one of "
                          f"{', '.join(PREFERENCE)}")
     for impl in PREFERENCE[platform]:
         if CAPABILITIES[impl].serves(normalizer=normalizer, segments=segments, dtype=dtype,
-                                     same_length=same_length, platform=platform, x64=x64):
+                                     same_length=same_length, platform=platform, x64=x64,
+                                     window=window):
             return impl
     return "xla"

@@ -5,7 +5,8 @@ key/value blocks with an online softmax (running max m, running denominator, run
 weighted sum acc), so no S x S matrix ever exists: the largest temporary is
 block_q x block_kv logits per head. That lets long-context evaluation run 16k+ tokens on a CPU
 with the plain XLA compiler, on any platform. Key blocks entirely in a query block's causal
-future are skipped with `lax.cond`.
+future are skipped with `lax.cond`, and so, with a sliding window, are key blocks wholly
+before every query's window.
 
 Every normaliser of ops/reference.py fits the same running form:
 - softmax: starts empty (m = -inf, denominator 0);
@@ -68,6 +69,7 @@ def attention(
     scale: float | None = None,
     block_q: int = DEFAULT_BLOCK,
     block_kv: int = DEFAULT_BLOCK,
+    window: int = 0,
 ) -> jax.Array:
     """Same contract as `reference.attention` ([b, s, h, d] -> [b, s, h, d]), blockwise."""
     if normalizer not in NORMALIZERS:
@@ -75,6 +77,8 @@ def attention(
                          f"{', '.join(NORMALIZERS)}")
     if normalizer == "learned_sink" and sink_logits is None:
         raise ValueError("normalizer='learned_sink' needs sink_logits of shape [heads]")
+    if window < 0:
+        raise ValueError(f"window={window} must be >= 0 (0 = no window)")
     if block_q <= 0 or block_kv <= 0:
         raise ValueError(f"block_q={block_q} and block_kv={block_kv} must be > 0")
     b, s, h, d = q.shape
@@ -105,6 +109,8 @@ def attention(
                 mask = jnp.broadcast_to(k_pos < t, (1, 1, 1, bq, bk))
                 if causal:
                     mask = mask & (q_pos[:, None] >= k_pos[None, :])
+                if window:
+                    mask = mask & (q_pos[:, None] - k_pos[None, :] < window)
                 if q_seg is not None:
                     mask = mask & (q_seg[:, :, None] == kv_seg[:, None, :])[:, None, None]
                 masked = jnp.where(mask, logits, neg)
@@ -121,10 +127,14 @@ def attention(
                     "bngqk,bknd->bngqd", weights, v_blk.astype(dtype))
                 return m_new, denom_new, acc_new
 
-            if not causal:
+            if not causal and not window:
                 return update(carry), None
-            in_future = ki * bk > qi * bq + bq - 1 + offset  # every key after every query
-            return jax.lax.cond(in_future, lambda c: c, update, carry), None
+            skip = jnp.zeros((), bool)
+            if causal:  # every key after every query
+                skip = skip | (ki * bk > qi * bq + bq - 1 + offset)
+            if window:  # every key before every query's window
+                skip = skip | (qi * bq + offset - (ki * bk + bk - 1) >= window)
+            return jax.lax.cond(skip, lambda c: c, update, carry), None
 
         carry = _initial_carry(normalizer, sink_logits, (b, n, g, bq), d, dtype)
         xs = (jnp.arange(k_blocks.shape[0]), k_blocks, v_blocks, kv_segments)

@@ -55,10 +55,16 @@ def validate_attention_args(
     normalizer: str,
     sink_logits: jax.Array | None,
     impl: str,
+    window: int = 0,
 ) -> None:
     """Raise a ValueError naming the argument and its allowed values, before any tracing."""
     if impl not in IMPLS:
         raise ValueError(f"impl={impl!r} is not allowed; choose one of {', '.join(IMPLS)}")
+    if window < 0:
+        raise ValueError(f"window={window} must be >= 0 (0 = no window)")
+    if window and impl not in (*choices.WINDOW_IMPLS, "auto"):
+        raise ValueError(f"impl={impl!r} has no sliding window (window={window}); "
+                         f"choose one of {', '.join(choices.WINDOW_IMPLS)} or auto")
     if normalizer not in NORMALIZERS:
         raise ValueError(
             f"normalizer={normalizer!r} is not allowed; choose one of {', '.join(NORMALIZERS)}"
@@ -97,7 +103,7 @@ def validate_attention_args(
 
 def resolve_impl(impl: str, *, segment_ids: jax.Array | None, normalizer: str,
                  platform: str | None = None, dtype: jnp.dtype | None = None,
-                 same_length: bool = True) -> str:
+                 same_length: bool = True, window: int = 0) -> str:
     """Map "auto" to the fastest implementation that supports every requested feature.
 
     The platform is the compile target (ops.target), not the host; the order per platform
@@ -108,7 +114,8 @@ def resolve_impl(impl: str, *, segment_ids: jax.Array | None, normalizer: str,
     return choices.choose(platform or target_platform(), normalizer=normalizer,
                           segments=segment_ids is not None,
                           dtype=None if dtype is None else jnp.dtype(dtype).name,
-                          same_length=same_length, x64=bool(jax.config.jax_enable_x64))
+                          same_length=same_length, x64=bool(jax.config.jax_enable_x64),
+                          window=bool(window))
 
 
 def attention(
@@ -126,6 +133,7 @@ def attention(
     interpret: bool | None = None,
     block_sizes: dict[str, int] | None = None,
     mesh_axes: Mapping[str, Axes] | None = None,
+    window: int = 0,
 ) -> jax.Array:
     """softmax-family attention with an optional fused output gate `out * act(gate)`.
 
@@ -134,16 +142,18 @@ def attention(
     sink_logits [h] for normalizer="learned_sink".
     interpret: Pallas kernels in interpret mode: None (default) exactly when compiling for a
     CPU; True always; False never (on a CPU the kernel then fails to lower).
+    window > 0: sliding-window attention (a query sees its last `window` keys, itself
+    included); served by choices.WINDOW_IMPLS.
     mesh_axes: {"batch": mesh axes, "heads": mesh axes} that split q/k/v under a mesh, for
     the kernels that run per device (default: the batch over the whole mesh).
     """
     validate_attention_args(
         q, k, v, gate=gate, gate_activation=gate_activation, segment_ids=segment_ids,
-        normalizer=normalizer, sink_logits=sink_logits, impl=impl,
+        normalizer=normalizer, sink_logits=sink_logits, impl=impl, window=window,
     )
     options = dict(gate_activation=gate_activation, causal=causal, normalizer=normalizer,
                    impl=impl, interpret=interpret, block_sizes=block_sizes,
-                   mesh_axes=mesh_axes)
+                   mesh_axes=mesh_axes, window=window)
     arrays = dict(gate=gate, segment_ids=segment_ids, sink_logits=sink_logits)
     if impl != "auto" and (impl not in PER_DEVICE or interpret is not None):
         return _attention_on_target(q, k, v, arrays, **options)
@@ -155,15 +165,17 @@ def _attention_on_target(q: jax.Array, k: jax.Array, v: jax.Array,
                          arrays: Mapping[str, jax.Array | None], *, gate_activation: str,
                          causal: bool, normalizer: str, impl: str, interpret: bool | None,
                          block_sizes: dict[str, int] | None,
-                         mesh_axes: Mapping[str, Axes] | None) -> jax.Array:
+                         mesh_axes: Mapping[str, Axes] | None, window: int) -> jax.Array:
     """One kernel call for the target platform (ops.target)."""
     gate, segment_ids, sink_logits = (arrays["gate"], arrays["segment_ids"],
                                       arrays["sink_logits"])
     impl = resolve_impl(impl, segment_ids=segment_ids, normalizer=normalizer, dtype=q.dtype,
-                        same_length=k.shape[1] == q.shape[1])
+                        same_length=k.shape[1] == q.shape[1], window=window)
     module = importlib.import_module(f"gated_attention.ops.{MODULES[impl]}")
     kwargs = dict(gate_activation=gate_activation, causal=causal, normalizer=normalizer)
     optional = dict(gate=gate, segment_ids=segment_ids, sink_logits=sink_logits)
+    if window:
+        kwargs["window"] = window
     if impl == "chunked":  # blockwise XLA (long contexts): the config's block_q / block_kv
         blocks = {name: size for name, size in (block_sizes or {}).items()
                   if name in ("block_q", "block_kv")}

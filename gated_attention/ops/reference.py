@@ -27,13 +27,20 @@ def attention_mask(
     causal: bool,
     q_segment_ids: jax.Array | None = None,
     kv_segment_ids: jax.Array | None = None,
+    window: int = 0,
 ) -> jax.Array:
-    """Boolean mask [batch or 1, 1, q_len, k_len]: True where a query may see a key."""
+    """Boolean mask [batch or 1, 1, q_len, k_len]: True where a query may see a key.
+
+    window > 0 (sliding-window attention): a query sees only the `window` keys ending at its
+    own position, i.e. key j is visible from query i when 0 <= i - j < window.
+    """
     mask = jnp.ones((1, 1, q_len, k_len), dtype=bool)
+    # Queries are the last q_len positions of the k_len keys (equal lengths in training).
+    q_pos = jnp.arange(q_len)[:, None] + (k_len - q_len)
     if causal:
-        # Queries are the last q_len positions of the k_len keys (equal lengths in training).
-        q_pos = jnp.arange(q_len)[:, None] + (k_len - q_len)
         mask = mask & (q_pos >= jnp.arange(k_len)[None, :])[None, None]
+    if window:
+        mask = mask & (q_pos - jnp.arange(k_len)[None, :] < window)[None, None]
     if q_segment_ids is not None:
         kv_segment_ids = q_segment_ids if kv_segment_ids is None else kv_segment_ids
         same = q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]
@@ -98,11 +105,13 @@ def attention_weights(
     normalizer: str = "softmax",
     sink_logits: jax.Array | None = None,
     scale: float | None = None,
+    window: int = 0,
 ) -> jax.Array:
     """Attention probabilities [b, heads, q_len, k_len]: S x S, so for short inputs only."""
     b, s, h, _ = q.shape
     logits = attention_logits(q, k, scale)
-    mask = attention_mask(s, k.shape[1], causal=causal, q_segment_ids=segment_ids)[:, :, None]
+    mask = attention_mask(s, k.shape[1], causal=causal, q_segment_ids=segment_ids,
+                          window=window)[:, :, None]
     probs = normalize(logits, mask, normalizer, sink_logits)
     return probs.reshape(b, h, s, k.shape[1])
 
@@ -117,6 +126,7 @@ def first_token_weights(
     sink_logits: jax.Array | None = None,
     scale: float | None = None,
     chunk: int = 256,
+    window: int = 0,
 ) -> jax.Array:
     """Weight each query puts on key 0, [b, heads, q_len], one query chunk at a time.
 
@@ -139,6 +149,8 @@ def first_token_weights(
         mask = jnp.ones((1, 1, chunk, t), dtype=bool)
         if causal:
             mask = mask & (q_pos[:, None] >= jnp.arange(t)[None, :])[None, None]
+        if window:
+            mask = mask & (q_pos[:, None] - jnp.arange(t)[None, :] < window)[None, None]
         if seg_pad is not None:
             seg_c = jax.lax.dynamic_slice_in_dim(seg_pad, start, chunk, axis=1)
             mask = mask & (seg_c[:, :, None] == segment_ids[:, None, :])[:, None]
@@ -161,13 +173,14 @@ def attention(
     normalizer: str = "softmax",
     sink_logits: jax.Array | None = None,
     scale: float | None = None,
+    window: int = 0,
 ) -> jax.Array:
     """Reference attention [b, s, h, d] -> [b, s, h, d] with an optional output gate."""
     b, s, h, d = q.shape
     kv_heads = k.shape[2]
     probs = attention_weights(
         q, k, segment_ids=segment_ids, causal=causal, normalizer=normalizer,
-        sink_logits=sink_logits, scale=scale,
+        sink_logits=sink_logits, scale=scale, window=window,
     ).reshape(b, kv_heads, h // kv_heads, s, k.shape[1])
     out = jnp.einsum("bngqk,bknd->bqngd", probs, v.astype(probs.dtype)).reshape(b, s, h, d)
     out = out.astype(q.dtype)

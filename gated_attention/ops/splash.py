@@ -43,11 +43,19 @@ def tile(padded: int, preferred: int = 512) -> int:
     return LANES
 
 
+def _mask(padded: int, causal: bool, window: int):
+    """Splash's block-sparse mask: a sliding window is its LocalMask (left reach window - 1,
+    right reach 0 when causal), whose tiles wholly outside the band are never visited."""
+    if window:
+        return splash.LocalMask((padded, padded), (window - 1, 0 if causal else window - 1), 0)
+    return (splash.CausalMask if causal else splash.FullMask)((padded, padded))
+
+
 @functools.lru_cache(maxsize=64)
-def _kernel(heads: int, padded: int, causal: bool, block: int, interpret: bool | str):
+def _kernel(heads: int, padded: int, causal: bool, block: int, interpret: bool | str,
+            window: int = 0):
     """A splash kernel for one example's shape (masks are processed once, in numpy)."""
-    mask_cls = splash.CausalMask if causal else splash.FullMask
-    mask = splash.MultiHeadMask([mask_cls((padded, padded)) for _ in range(heads)])
+    mask = splash.MultiHeadMask([_mask(padded, causal, window) for _ in range(heads)])
     sizes = splash.BlockSizes(
         block_q=block, block_kv=block, block_kv_compute=block,
         block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
@@ -78,6 +86,7 @@ def attention(
     sink_logits: jax.Array | None = None,
     interpret: bool | None = None,
     block_sizes: dict[str, int] | None = None,
+    window: int = 0,
 ) -> jax.Array:
     """Splash attention then the gate; arguments mean what they mean in `ops.attention`.
 
@@ -95,7 +104,7 @@ def attention(
     padded = fc.round_up(s, LANES)
     preferred = (block_sizes or {}).get("block_q", 512)
     kernel = _kernel(h, padded, causal, tile(padded, preferred),
-                     fc.resolve_interpret(interpret))
+                     fc.resolve_interpret(interpret), window)
 
     def head_major(x, scale=1.0):  # [b, s, n, d] -> [b, n, S, d]
         return fc.pad_axis(jnp.einsum("bsnd->bnsd", x) * jnp.asarray(scale, x.dtype), 2, padded)
