@@ -30,11 +30,15 @@ $(TEST_STAMP): $(CORE_STAMP)
 	$(PIP) -e '.[test,seqio]' 2>&1 | $(QUIET_PIP)
 	$(PIP) "jax[tpu]==$$($(PY) -c 'import jax; print(jax.__version__)')" 2>&1 | $(QUIET_PIP)
 	# The CUDA compile pair pinned to jax, and ptxas: the suite compiles for NVIDIA GPU targets
-	# deviceless too (about 223 MB; no CUDA libraries, no GPU).
-	V=$$($(PY) -c 'import jax; print(jax.__version__)'); $(PIP) "jax-cuda12-plugin==$$V" \
-		"jax-cuda12-pjrt==$$V" nvidia-cuda-nvcc-cu12 2>&1 | $(QUIET_PIP)
+	# deviceless too (about 223 MB to download; no CUDA libraries, no GPU). It goes into its own
+	# folder, loaded only by GPU-target compiles (gated_attention/cuda_compile.py): in the
+	# environment's own packages it would print "Could not find cuda drivers" on every CPU run.
+	V=$$($(PY) -c 'import jax; print(jax.__version__)'); $(PIP) --no-deps --upgrade \
+		--target $(VENV)/cuda_compile "jax-cuda12-plugin==$$V" "jax-cuda12-pjrt==$$V" \
+		nvidia-cuda-nvcc-cu12 2>&1 | $(QUIET_PIP)
 	$(PY) -c "import pytest, xdist, nbclient, seqio, tensorflow_datasets, libtpu"
-	$(PY) -c "import jax_plugins.xla_cuda12, jax_cuda12_plugin"
+	$(PY) -c "from gated_attention import cuda_compile; assert cuda_compile.enable(); \
+		import jax_plugins.xla_cuda12, jax_cuda12_plugin"
 	rm -f $(VENV)/.test-* && touch $@
 
 install: $(CORE_STAMP)

@@ -36,11 +36,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import jax
+from gated_attention import cuda_compile
 
-from gated_attention import config_lib, gpu_targets
-from gated_attention.run_checks import check_run
-from gated_attention.target_compile import (  # noqa: F401 - building blocks, also exported here
+if __name__ == "__main__" and cuda_compile.wants_gpu_target(sys.argv):
+    cuda_compile.enable()  # before jax's import, which loads the CUDA plugin it finds
+
+import jax  # noqa: E402
+
+from gated_attention import config_lib, gpu_targets  # noqa: E402
+from gated_attention.run_checks import check_run  # noqa: E402
+from gated_attention.target_compile import (  # noqa: E402, F401 - building blocks, also exported
     MOSAIC_CALL,
     STEPS,
     CompiledStep,

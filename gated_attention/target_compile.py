@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from gated_attention import distributed, sharding, train
+from gated_attention import cuda_compile, distributed, sharding, train
 from gated_attention.ops.target import compiling_for
 
 STEPS = ("train", "eval")
@@ -94,8 +94,10 @@ def gpu_devices(node: Any) -> list[Any]:
     except Exception as err:  # plugin absent, or a config it refuses: one line
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ValueError(f"cannot describe {node.accelerator} x {node.hosts} for XLA:GPU "
-                         f"({first}); install jax-cuda12-plugin and jax-cuda12-pjrt pinned "
-                         "to jax, and nvidia-cuda-nvcc-cu12 (make install-test)") from None
+                         f"({first}); `make install-test` installs jax-cuda12-plugin and "
+                         "jax-cuda12-pjrt pinned to jax, and nvidia-cuda-nvcc-cu12, into "
+                         f"{cuda_compile.folder()}, which this process must put on sys.path "
+                         "before importing jax (gated_attention.cuda_compile.enable())") from None
     return list(topology.devices)
 
 
