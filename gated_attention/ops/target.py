@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import importlib.util
 import os
+import pkgutil
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -63,6 +66,28 @@ def in_platform_branch() -> bool:
     return _IN_BRANCH.get()
 
 
+@functools.cache
+def lowerable_platforms() -> tuple[str, ...]:
+    """The platforms this process can compile a program for: the CPU always, a TPU where
+    libtpu is installed, a GPU where a jax CUDA or ROCm plugin is.
+
+    A branch for a platform no installed compiler serves could never be lowered; tracing it
+    anyway would only cost time (a CPU-only install traces each kernel choice once).
+    """
+    found = ["cpu"]
+    try:
+        import jax_plugins
+
+        plugins = [m.name for m in pkgutil.iter_modules(jax_plugins.__path__)]
+    except ImportError:
+        plugins = []
+    if any(name.startswith(("xla_cuda", "xla_rocm")) for name in plugins):
+        found.append("gpu")
+    if importlib.util.find_spec("libtpu") is not None or "xla_tpu" in plugins:
+        found.append("tpu")
+    return tuple(found)
+
+
 def per_platform(fn: Callable[..., Any], *args: Any,
                  platforms: tuple[str, ...] = PLATFORMS) -> Any:
     """`fn(*args)` for the platform the program is lowered for, whatever the entry point.
@@ -72,10 +97,16 @@ def per_platform(fn: Callable[..., Any], *args: Any,
     TPU or GPU devices, or `jax.export` for a platform, keeps that platform's branch. Every
     branch is traced on any host, so each must trace without its platform's hardware. Under
     `compiling_for` (an override) fn is traced once, for that platform. `platforms`: those
-    fn can serve; lowering for another is refused by jax, naming the platform.
+    fn can serve; lowering for another is refused by jax, naming the platform. Platforms no
+    installed compiler serves (`lowerable_platforms`) get no branch; with one left, fn is
+    traced once, for it.
     """
     if target_override() is not None:
         return fn(*args)
+    platforms = tuple(p for p in platforms if p in lowerable_platforms()) or platforms
+    if len(platforms) == 1:
+        with compiling_for(platforms[0]):
+            return fn(*args)
 
     def branch(platform: str) -> Callable[..., Any]:
         def traced(*inner: Any) -> Any:
@@ -87,7 +118,8 @@ def per_platform(fn: Callable[..., Any], *args: Any,
                 _IN_BRANCH.reset(token)
         return traced
 
-    branches = {name: branch(platform) for platform in platforms
+    traced_once = {platform: branch(platform) for platform in platforms}
+    branches = {name: traced_once[platform] for platform in platforms
                 for name in LOWERING_NAMES[platform]}
     return jax.lax.platform_dependent(*args, **branches)
 
