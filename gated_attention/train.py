@@ -73,6 +73,10 @@ def train_state_spec(config: Any, mesh: Mesh,
         _, params, rest = nnx.split(model, nnx.Param, ...)
         if jax.tree.leaves(rest):
             raise ValueError("the model holds non-Param state, which training does not carry")
+        if config.train.get("init_by_name", False):  # variants of one seed share weights
+            from gated_attention import init_by_name
+
+            params = init_by_name.redraw(params, config.seed)
         return {"params": params, "opt_state": tx.init(params),
                 "step": jnp.zeros((), jnp.int32)}
 
@@ -503,6 +507,7 @@ class LoopResult:
     train: dict[str, Any]              # the last train record
     eval: dict[str, Any] | None        # the last held-out evaluation of this call
     stopped_by: str | None = None      # the signal that ended the loop early
+    wall_seconds: float | None = None  # wall time of this call's loop (record.json)
 
 
 def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = True,
@@ -539,6 +544,7 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
              if bar is None and run.primary else None)
     end = train_cfg.steps if stop_after is None else min(train_cfg.steps, start + stop_after)
     done, stopped_by = start, None
+    loop_start = time.perf_counter()
     own_stop = stop is None
     stop = interrupts.StopRequest().install() if own_stop else stop
     try:
@@ -583,7 +589,8 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
         if bar is not None:
             bar.close()
         writer.close()
-    return LoopResult(state, done, metrics.last, last_eval, stopped_by)
+    return LoopResult(state, done, metrics.last, last_eval, stopped_by,
+                      time.perf_counter() - loop_start)
 
 
 def finish(run: PreparedRun, result: LoopResult) -> dict[str, Any]:
@@ -602,7 +609,27 @@ def finish(run: PreparedRun, result: LoopResult) -> dict[str, Any]:
                "eval": last_eval}
     if run.primary and result.step == train_cfg.steps:
         paths.write_atomic(run.workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        write_record(run, result, last, last_eval)
     return summary
+
+
+def write_record(run: PreparedRun, result: LoopResult, last: Mapping[str, Any],
+                 last_eval: Mapping[str, Any] | None) -> None:
+    """record.json (run_record.py): config, code version, hardware, tokens, FLOPs, metrics."""
+    from gated_attention import accounting, run_record
+
+    records = metrics_lib.read_jsonl(run.workdir / "metrics.jsonl", torn_tail="drop")
+    telemetry = next((r for r in reversed(records) if r.get("kind") == "telemetry"), None)
+    try:
+        flops = accounting.train_flops_per_token(config_lib.model_config(run.config),
+                                                 run.config.data.seq_len)
+    except Exception:  # noqa: BLE001 - a record without FLOPs beats no record
+        flops = None
+    record = run_record.build(run.config, mesh=run.mesh, steps=result.step, train=last,
+                              eval_metrics=last_eval, telemetry=telemetry,
+                              wall_seconds=result.wall_seconds, flops_per_token=flops)
+    paths.write_atomic(run.workdir / run_record.RECORD_FILE,
+                       json.dumps(record, indent=2, default=str) + "\n")
 
 
 def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False,
