@@ -125,7 +125,7 @@ class Run:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "arch": self.arch, "variant": self.variant, "seed": self.seed,
                 "overrides": dict(self.overrides), "table": self.table, "paper": dict(self.paper),
-                "label": self.label or self.variant}
+                "label": self.label or self.variant, "lr_multiplier": self.lr_multiplier}
 
 
 def table_runs(table: str, paper_arch: str, scale: str, seeds: Sequence[int], *,

@@ -57,3 +57,38 @@ def test_significant_difference_needs_no_more_seeds():
     assert result.p_t < 0.05 and result.seeds_needed is None
     one = paired_stats.paired([0.3])
     assert one.n == 1 and one.p_t is None and one.low is None
+
+
+def test_summary_pairs_each_row_with_the_baseline_seed_by_seed(tmp_path):
+    from experiments import summarize
+    from tests import grid_fixtures
+
+    losses = {"baseline": REF, "g1_sdpa_elementwise": ROW,
+              "g1_sdpa_headwise": REF + np.array([0.02, -0.03, 0.01, 0.0, -0.01])}
+    runs = {}
+    for variant, values in losses.items():
+        for seed, value in enumerate(values):
+            name = f"tiny-{variant}-s{seed}"
+            runs[name] = grid_fixtures.write_run(tmp_path, name, variant=variant, seed=seed,
+                                                 eval_loss=float(value))
+    grid_fixtures.write_manifest(tmp_path, runs)
+    result = summarize.summarize(tmp_path)
+    entries = {e["label"]: e for e in result["paired"] if e["metric"] == "eval_loss"}
+    assert set(entries) == {"g1_sdpa_elementwise", "g1_sdpa_headwise"}
+    g1 = entries["g1_sdpa_elementwise"]
+    assert g1["reference"] == "tiny-baseline" and g1["n"] == 5
+    assert g1["p_t"] == pytest.approx(scipy_stats.ttest_rel(ROW, REF).pvalue)
+    p_head = scipy_stats.ttest_rel(losses["g1_sdpa_headwise"], REF).pvalue
+    assert g1["p_holm"] == pytest.approx(min(1.0, 2 * min(g1["p_t"], p_head)))
+    assert g1["significant"] and not entries["g1_sdpa_headwise"]["significant"]
+    assert entries["g1_sdpa_headwise"]["seeds_needed"] > 5
+    text = (tmp_path / "summary.md").read_text()
+    assert "## Paired differences to the reference row" in text
+    assert text.count(" **\\*** |") == 1  # one row marked
+    assert (tmp_path / "paired.csv").exists()
+    # --reference names another row: the baseline is then compared with it.
+    other = summarize.summarize(tmp_path, reference="g1_sdpa_headwise")
+    labels = {e["label"] for e in other["paired"] if e["metric"] == "eval_loss"}
+    assert labels == {"baseline", "g1_sdpa_elementwise"}
+    with pytest.raises(ValueError, match="--reference='nope' names no row"):
+        summarize.summarize(tmp_path, reference="nope")
