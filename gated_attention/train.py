@@ -442,6 +442,8 @@ class _PendingMetrics:
                 self.spikes.update(record["step"], record["loss"])
                 self.skipped_in_row = self.skipped_in_row + 1 if record.get("skipped") else 0
         self.pending: list[tuple[int, dict, jax.Array]] = []
+        self.telemetry: list[tuple[int, dict]] = []  # telemetry.py points, still on device
+        self.activation = run.config.attention.get("activation", "sigmoid")
         self.last: dict[str, Any] = {"step": start}
         self.timer_start: float | None = None
         self.timed_steps = 0
@@ -460,8 +462,18 @@ class _PendingMetrics:
         return (self.tokens_per_step * self.timed_steps / elapsed if self.timed_steps
                 else float("nan"))
 
+    def write_telemetry(self) -> None:
+        """Read and write the pending telemetry points (with the step metrics' sync)."""
+        from gated_attention import telemetry as telemetry_lib
+
+        points, self.telemetry = self.telemetry, []
+        for step, values in zip([s for s, _ in points],
+                                jax.device_get([v for _, v in points])):
+            self.writer.write_telemetry(step, telemetry_lib.summarize(values, self.activation))
+
     def write(self) -> None:
         """Read and write every pending step; NonFiniteError when the run must stop."""
+        self.write_telemetry()
         if not self.pending:
             return
         fetched = jax.device_get([m for _, m, _ in self.pending])
@@ -532,6 +544,8 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
 
     writer = metrics_lib.MetricsWriter(run.workdir, enabled=run.primary, resume_step=start)
     metrics = _PendingMetrics(run, writer, start)
+    telemetry_every = train_cfg.get("telemetry_every", 0)
+    telemetry_fn = _telemetry_fn(run) if telemetry_every else None
     last_eval: dict[str, Any] | None = None
     bar = None
     if progress and run.primary and start < train_cfg.steps:
@@ -551,6 +565,9 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
         for step in range(start, end):
             batch = distributed.global_batch(next(run.inputs.train), run.data_sharding,
                                              train_cfg.batch_size)
+            if telemetry_fn is not None and step % telemetry_every == 0:
+                # the weights this step starts from (the state is donated to the step)
+                metrics.telemetry.append((step, telemetry_fn(state["params"], batch)))
             state, step_metrics = step_fn(state, batch)
             done = step + 1
             metrics.add(done, step_metrics)
@@ -591,6 +608,20 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
         writer.close()
     return LoopResult(state, done, metrics.last, last_eval, stopped_by,
                       time.perf_counter() - loop_start)
+
+
+def _telemetry_fn(run: PreparedRun) -> Callable:
+    """telemetry.py's statistics as one jitted call on (params, batch), under the mesh."""
+    from gated_attention import telemetry as telemetry_lib
+
+    jitted = jax.jit(telemetry_lib.make_telemetry_fn(run.spec.graphdef, run.config),
+                     in_shardings=(run.spec.shardings["params"], run.data_sharding))
+
+    def call(params: nnx.State, batch: Mapping[str, jax.Array]) -> dict:
+        with jax.set_mesh(run.mesh), sharding.logical_rules(run.rules):
+            return jitted(params, batch)
+
+    return call
 
 
 def finish(run: PreparedRun, result: LoopResult) -> dict[str, Any]:
