@@ -16,13 +16,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from experiments import paired_stats
+from gated_attention.analysis.sink_report import uniform_first_token
 
 # (key in a run row, title, digits): the metrics compared pair by pair.
 PAIRED_METRICS = (("eval_loss", "held-out loss", 4), ("ppl", "PPL", 3),
                   ("f_attn", "F-Attn", 3), ("sink_rate", "sink rate", 2),
                   ("m_act", "M-Act", 2), ("gate", "gate score", 3))
 MARK = " **\\***"  # a significant difference after Holm's correction
-# A baseline formed a sink when its F-Attn is at least this many times the uniform level.
+# A baseline formed a sink when its F-Attn is at least this many times the uniform level
+# (uniform_first_token: query i of a causal row gives 1 / (i + 1) to the first token).
 SINK_FACTOR = 3.0
 # A learning rate is stable when the run finished with no non-finite step and its final
 # held-out loss is within this share of the variant's best over the sweep.
@@ -39,12 +41,6 @@ LADDER = (
     {"source": "the paper, Table 2 (PPL 7.499 -> 7.404)",
      "scale": "1.7B dense, 28 layers, 400B tokens", "metric": "loss", "change": -0.0063},
 )
-
-
-def uniform_first_token(seq_len: int) -> float:
-    """F-Attn of uniform causal attention: query i (i = 1..S-1; query 0 excluded, as in the
-    analysis) gives 1 / (i + 1) to the first token."""
-    return statistics.fmean(1.0 / (i + 1) for i in range(1, seq_len)) if seq_len > 1 else 1.0
 
 
 def _fmt(value: Any, digits: int = 3) -> str:

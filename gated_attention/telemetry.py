@@ -63,7 +63,7 @@ def segment_starts(segment_ids: jax.Array | None, shape: tuple[int, int]) -> jax
 def first_token_weights(q: jax.Array, k: jax.Array, *, segment_ids: jax.Array | None = None,
                         causal: bool = True, normalizer: str = "softmax",
                         sink_logits: jax.Array | None = None, scale: float | None = None,
-                        block: int = BLOCK) -> jax.Array:
+                        block: int | None = None) -> jax.Array:
     """[b, heads, q_len]: each query's attention weight on its segment's first key.
 
     q [b, s, heads, d], k [b, s, kv_heads, d] (self-attention: the same positions). The
@@ -83,7 +83,7 @@ def first_token_weights(q: jax.Array, k: jax.Array, *, segment_ids: jax.Array | 
     kd = k.astype(dtype)
     k_first = jnp.take_along_axis(kd, starts[:, :, None, None], axis=1)  # [b, s, n, d]
     first = jnp.einsum("bsngd,bsnd->bngs", qg, k_first) * scale
-    block = min(block, s)
+    block = min(BLOCK if block is None else block, s)
     pad = (-s) % block
     blocks = (s + pad) // block
     q_pad = jnp.pad(qg, ((0, 0), (0, pad), (0, 0), (0, 0), (0, 0)))

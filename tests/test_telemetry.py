@@ -175,3 +175,22 @@ def test_a_run_writes_telemetry_and_its_record(tmp_path):
     tags = {v.tag for e in _events(workdir / "tb") for v in e.summary.value}
     assert {"telemetry/f_attn", "telemetry/sink_rate", "telemetry/f_attn/layer1",
             "telemetry/gate_mean/layer0", "telemetry/gate_scores/layer0"} <= tags
+
+
+def test_emergence_step_is_the_first_point_at_three_times_uniform(tmp_path):
+    from gated_attention import telemetry_report
+
+    uniform = telemetry_report.uniform_first_token(64)
+    # mean of 1/(i+1) for i = 1..63, by hand: (H_64 - 1) / 63
+    assert uniform == pytest.approx((sum(1 / n for n in range(1, 65)) - 1) / 63)
+    points = [{"step": 0, "f_attn_per_layer": [uniform, uniform]},
+              {"step": 100, "f_attn_per_layer": [2.9 * uniform, uniform]},
+              {"step": 200, "f_attn_per_layer": [3.1 * uniform, uniform]}]
+    assert telemetry_report.emergence(points, uniform) == [200, None]
+    run = tmp_path / "baseline"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"kind": "telemetry", **p}) + "\n"
+                                               for p in points))
+    lines = telemetry_report.report_lines(tmp_path, ["baseline"], 64, 1000, "sinks")
+    assert "| baseline | 0 | 200 | 200,000 | 0.184 |" in lines
+    assert (tmp_path / "sink_emergence.png").exists()
