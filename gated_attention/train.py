@@ -640,7 +640,9 @@ def finish(run: PreparedRun, result: LoopResult) -> dict[str, Any]:
                "eval": last_eval}
     if run.primary and result.step == train_cfg.steps:
         paths.write_atomic(run.workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
-        write_record(run, result, last, last_eval)
+        trained_now = "loss" in result.train
+        if trained_now or not (run.workdir / "record.json").exists():  # keep the one written
+            write_record(run, result, last, last_eval)  # by the call that trained
     return summary
 
 
