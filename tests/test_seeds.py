@@ -72,3 +72,17 @@ def test_seed_sets_the_data_and_a_switch_keeps_it_fixed():
     assert a.seed == 1 and b.seed == 2
     for x, y in zip(_batches(a), _batches(b)):
         np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("train.telemetry_every", -1, "train.telemetry_every=-1 must be an integer >= 0"),
+])
+def test_bad_telemetry_interval_names_the_field(field, value, message):
+    """(A value of the wrong type, e.g. train.init_by_name=yes, ml_collections refuses.)"""
+    from gated_attention import config_lib
+
+    config = sinks.get_config()
+    section, name = field.split(".")
+    config[section][name] = value
+    with pytest.raises(config_lib.ConfigError, match=message.replace(".", r"\.")):
+        config_lib.validate_run_config(config)
