@@ -44,8 +44,9 @@ def table_block(name: str, result: Mapping[str, Any], command: str) -> str:
     baseline with its 95% t interval and Holm mark, for each metric."""
     spec = TABLES[name]
     groups = [g for g in result["groups"] if g["seeds"]]
-    commits = sorted({r.get("commit") for r in result["runs"] if r.get("commit")})
-    dirty = any(r.get("dirty") for r in result["runs"])
+    done = [r for r in result["runs"] if r["state"] == "done"]
+    commits = sorted({r.get("commit") for r in done if r.get("commit")})
+    dirty = any(r.get("dirty") for r in done)
     seeds = sorted({r["seed"] for r in result["runs"] if r["state"] == "done"})
     paired = {(e["group"], e["metric"]): e for e in result["paired"]}
     titles = {m: t for m, t, _ in comparisons.PAIRED_METRICS}

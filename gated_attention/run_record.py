@@ -1,7 +1,8 @@
 """record.json: one file that says what a finished run was, for grids to collect.
 
-Written by train.finish once train.steps are done: the full config, the code version (git
-commit and whether the work tree had uncommitted changes; None outside a git checkout), the
+Written by train.finish once train.steps are done: the full config, the code version when
+the training loop started (git commit and whether tracked files had uncommitted changes;
+None outside a git checkout), the
 hardware and mesh, tokens seen, model FLOPs (accounting.train_flops_per_token x tokens), the
 wall time of the training call that finished the run (and of the whole run where earlier
 calls were recorded), the final train and held-out metrics, and the last telemetry values.
@@ -53,11 +54,12 @@ def hardware(mesh: Any) -> dict[str, Any]:
 
 def build(config: Any, *, mesh: Any, steps: int, train: Mapping[str, Any],
           eval_metrics: Mapping[str, Any] | None, telemetry: Mapping[str, Any] | None,
-          wall_seconds: float, flops_per_token: float | None) -> dict[str, Any]:
+          wall_seconds: float, flops_per_token: float | None,
+          code: Mapping[str, Any] | None = None) -> dict[str, Any]:
     tokens = int(steps) * int(config.train.batch_size) * int(config.data.seq_len)
     return {
         "config": config.to_dict() if hasattr(config, "to_dict") else dict(config),
-        "code": code_version(),
+        "code": dict(code) if code is not None else code_version(),
         "hardware": hardware(mesh),
         "steps": int(steps), "tokens_seen": tokens,
         "model_flops_per_token": flops_per_token,

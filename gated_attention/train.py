@@ -520,6 +520,7 @@ class LoopResult:
     eval: dict[str, Any] | None        # the last held-out evaluation of this call
     stopped_by: str | None = None      # the signal that ended the loop early
     wall_seconds: float | None = None  # wall time of this call's loop (record.json)
+    code: dict[str, Any] | None = None  # the code version when the loop started (record.json)
 
 
 def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = True,
@@ -558,6 +559,9 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
              if bar is None and run.primary else None)
     end = train_cfg.steps if stop_after is None else min(train_cfg.steps, start + stop_after)
     done, stopped_by = start, None
+    from gated_attention.run_record import code_version
+
+    code = code_version()  # now: the checkout may move on while the run trains
     loop_start = time.perf_counter()
     own_stop = stop is None
     stop = interrupts.StopRequest().install() if own_stop else stop
@@ -607,7 +611,7 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
             bar.close()
         writer.close()
     return LoopResult(state, done, metrics.last, last_eval, stopped_by,
-                      time.perf_counter() - loop_start)
+                      time.perf_counter() - loop_start, code)
 
 
 def _telemetry_fn(run: PreparedRun) -> Callable:
@@ -660,7 +664,8 @@ def write_record(run: PreparedRun, result: LoopResult, last: Mapping[str, Any],
         flops = None
     record = run_record.build(run.config, mesh=run.mesh, steps=result.step, train=last,
                               eval_metrics=last_eval, telemetry=telemetry,
-                              wall_seconds=result.wall_seconds, flops_per_token=flops)
+                              wall_seconds=result.wall_seconds, flops_per_token=flops,
+                              code=result.code)
     paths.write_atomic(run.workdir / run_record.RECORD_FILE,
                        json.dumps(record, indent=2, default=str) + "\n")
 
