@@ -291,8 +291,9 @@ def train_section() -> ml_collections.ConfigDict:
         # Initial weights drawn per parameter name (init_by_name.py): variants of one seed
         # start from the same weights wherever names and shapes agree (grids set it).
         init_by_name=False,
-        # Sink, gate and activation statistics (telemetry.py) from the step's batch every
-        # telemetry_every steps, into metrics.jsonl (kind "telemetry") and TensorBoard; 0 = off.
+        # Sink, gate and activation statistics (telemetry.py) from the step's batch after
+        # every telemetry_every updates, into metrics.jsonl (kind "telemetry") and
+        # TensorBoard; 0 = off.
         telemetry_every=100,
     ))
 

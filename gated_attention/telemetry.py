@@ -1,6 +1,7 @@
 """Sink, gate and activation statistics while a run trains (train.telemetry_every).
 
-Every `train.telemetry_every` steps the training loop runs one extra forward pass, without
+After every `train.telemetry_every` updates (not at step 0) the training loop runs one extra
+forward pass, without
 gradients, on the step's own batch and the weights that step starts from (so the cost is one
 forward every N steps: about 1/(3N) of the training FLOPs, plus the first-token pass below).
 Per layer, and per head where the quantity is a head's:

@@ -569,8 +569,9 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
         for step in range(start, end):
             batch = distributed.global_batch(next(run.inputs.train), run.data_sharding,
                                              train_cfg.batch_size)
-            if telemetry_fn is not None and step % telemetry_every == 0:
-                # the weights this step starts from (the state is donated to the step)
+            if telemetry_fn is not None and step and step % telemetry_every == 0:
+                # after every `telemetry_every` updates (not at step 0: a run shorter than
+                # the interval never compiles it), with the weights this step starts from
                 metrics.telemetry.append((step, telemetry_fn(state["params"], batch)))
             state, step_metrics = step_fn(state, batch)
             done = step + 1

@@ -145,14 +145,14 @@ def _events(folder: pathlib.Path):
 def test_a_run_writes_telemetry_and_its_record(tmp_path):
     config = sinks.get_config("variant=g1_sdpa_elementwise")
     config.update_from_flattened_dict({
-        "train.steps": 4, "train.batch_size": 4, "data.seq_len": 16, "train.eval_every": 4,
-        "train.eval_batches": 1, "train.log_every": 2, "train.checkpoint_every": 4,
+        "train.steps": 5, "train.batch_size": 4, "data.seq_len": 16, "train.eval_every": 5,
+        "train.eval_batches": 1, "train.log_every": 2, "train.checkpoint_every": 5,
         "optimizer.warmup_steps": 1, "train.telemetry_every": 2, "train.async_checkpoint": False})
     workdir = tmp_path / "run"
     train.run(config, workdir, progress=False, devices=jax.devices()[:1])
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     points = [r for r in records if r["kind"] == "telemetry"]
-    assert [p["step"] for p in points] == [0, 2]
+    assert [p["step"] for p in points] == [2, 4]  # every 2 updates, none at step 0
     assert len(points[0]["f_attn_per_layer"]) == 2 and len(points[0]["gate_hist_per_layer"]) == 2
     record = json.loads((workdir / "record.json").read_text())
     saved = json.loads((workdir / "config.json").read_text())
@@ -164,8 +164,8 @@ def test_a_run_writes_telemetry_and_its_record(tmp_path):
         assert isinstance(record["code"]["dirty"], bool)
     assert record["hardware"]["platform"] == "cpu" and record["hardware"]["devices"] == 1
     assert record["hardware"]["mesh"]["data"] == 1
-    assert record["steps"] == 4 and record["tokens_seen"] == 4 * 4 * 16
-    assert record["model_flops"] == pytest.approx(record["model_flops_per_token"] * 256)
+    assert record["steps"] == 5 and record["tokens_seen"] == 5 * 4 * 16
+    assert record["model_flops"] == pytest.approx(record["model_flops_per_token"] * 320)
     trains = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval"]
     assert record["final"]["train"]["loss"] == pytest.approx(trains[-1]["loss"])
