@@ -37,6 +37,7 @@ def _run(variant, seed):
                         overrides=(("model.num_heads", 2), ("model.num_kv_heads", 2)))
 
 
+@pytest.mark.slow  # four eager inits: about a minute under load
 def test_same_seed_shares_weights_across_variants_where_names_and_shapes_agree():
     base = _weights(_config(_run("baseline", 1)))
     gated = _weights(_config(_run("g1_sdpa_elementwise", 1)))
