@@ -11,7 +11,7 @@ HASH := $(shell cat setup.cfg pyproject.toml | cksum | cut -d' ' -f1)
 CORE_STAMP := $(VENV)/.core-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: install install-test demo test lint bench clean-venv
+.PHONY: install install-test demo test lint bench tables clean-venv
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,10 @@ bench: $(CORE_STAMP)
 	$(PY) benchmarks/train_step.py
 	$(PY) benchmarks/attention.py
 	$(PY) benchmarks/moe.py
+
+# The CPU-scale tables of docs/ (docs/sinks.md): run their grids (resumable), rewrite them.
+tables: $(CORE_STAMP)
+	$(PY) -m experiments.make_tables --root runs/tables
 
 clean-venv:
 	rm -rf $(VENV)

@@ -4,6 +4,18 @@ A grid file under experiments/grids/ defines `runs(scale, seeds)`. `scale` maps 
 architectures onto sizes one machine can train ("paper" keeps them), and adds the training
 length that suits that size. Row names are the paper's, as in experiments/paper_tables.json
 and gated_attention.variants.VARIANTS.
+
+What a grid seed means (`SEED_OVERRIDES`): seed s sets the initial weights (`seed`, drawn per
+parameter name: train.init_by_name) and the data (`data.shuffle_seed`: the order of a corpus's
+chunks, the generated stream of a synthetic task; the task's own chain, data.backcopy_seed,
+stays fixed). Runs of different variants with one seed therefore see the same batches in the
+same order and start from the same weights wherever a weight has the same name and shape:
+seeds pair the rows of a grid. `--set data.shuffle_seed=0` keeps the data fixed across seeds
+(the spread is then the initial weights' alone).
+
+`with_lr_multipliers` adds a learning-rate axis: each run once per multiplier of its recipe's
+peak learning rate (`optimizer.peak_lr`, from the run's overrides, else its config's
+default), named `...-lrx<m>-s<seed>` and labelled `<label> lr x<m>`.
 """
 
 from __future__ import annotations
@@ -37,6 +49,11 @@ SCALE_OVERRIDES: dict[str, dict[str, Any]] = {
 }
 
 
+# What a grid seed sets besides `seed` (run_overrides; a grid's overrides and --set win).
+SEED_OVERRIDES = ("data.shuffle_seed",)
+GRID_DEFAULTS: dict[str, Any] = {"train.init_by_name": True}
+
+
 class GridError(ValueError):
     """A grid, scale or run definition names something that does not exist."""
 
@@ -58,7 +75,8 @@ def scaled_arch(paper_arch: str, scale: str) -> str:
 
 
 # Short names of common overrides in run directory names.
-SHORT_KEYS = {"optimizer.peak_lr": "lr", "model.narrow_ffn_to_match_baseline": "narrowffn",
+SHORT_KEYS = {"optimizer.peak_lr": "lr", "lr_multiplier": "lrx",
+              "model.narrow_ffn_to_match_baseline": "narrowffn",
               "data.add_bos": "bos", "train.steps": "steps"}
 
 
@@ -96,6 +114,10 @@ class Run:
         parts += [_name_part(key, value) for key, value in self.overrides]
         return "-".join(parts + [f"s{self.seed}"])
 
+    @property
+    def lr_multiplier(self) -> float | None:
+        return dict(self.overrides).get("lr_multiplier")
+
     def with_overrides(self, extra: Mapping[str, Any]) -> Run:
         return dataclasses.replace(self, overrides=tuple(sorted({**extra,
                                                                  **dict(self.overrides)}.items())))
@@ -103,7 +125,7 @@ class Run:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "arch": self.arch, "variant": self.variant, "seed": self.seed,
                 "overrides": dict(self.overrides), "table": self.table, "paper": dict(self.paper),
-                "label": self.label or self.variant}
+                "label": self.label or self.variant, "lr_multiplier": self.lr_multiplier}
 
 
 def table_runs(table: str, paper_arch: str, scale: str, seeds: Sequence[int], *,
@@ -142,8 +164,48 @@ def grid_runs(path: str | pathlib.Path, scale: str, seeds: Sequence[int]) -> lis
     return out
 
 
+def _schedule_default(run: Run, field: str) -> float:
+    from gated_attention.config_lib import base_config
+
+    return float(base_config(run.arch, run.variant).optimizer[field])
+
+
+def parse_multipliers(text: str) -> tuple[float, ...]:
+    """'0.5,1,2' -> (0.5, 1.0, 2.0); GridError naming the flag when a value is not > 0."""
+    try:
+        values = tuple(float(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise GridError(f"--lr_multipliers={text!r} must be comma-separated numbers, "
+                        "e.g. 0.5,1,2,4,8") from None
+    if not values or any(not v > 0 for v in values):
+        raise GridError(f"--lr_multipliers={text!r} must be numbers > 0, e.g. 0.5,1,2,4,8")
+    return tuple(dict.fromkeys(values))
+
+
+def with_lr_multipliers(runs: Sequence[Run], multipliers: Sequence[float]) -> list[Run]:
+    """Each run once per multiplier of its recipe's peak learning rate (variant, then lr,
+    then seed order is kept: runs come out grouped as they went in)."""
+    out = []
+    for run in runs:
+        for m in multipliers:
+            label = f"{run.label or run.variant} lr x{m:g}"
+            out.append(dataclasses.replace(
+                run, overrides=(*run.overrides, ("lr_multiplier", float(m))), label=label))
+    return out
+
+
 def run_overrides(run: Run, scale: str, settings: Mapping[str, Any] | None = None
                   ) -> dict[str, Any]:
-    """Every --config.x=y a run is launched with: scale defaults < grid overrides < --set."""
-    return {**SCALE_OVERRIDES[scale], **dict(run.overrides), **dict(settings or {}),
-            "seed": run.seed}
+    """Every --config.x=y a run is launched with: grid and scale defaults < the seed's data <
+    grid overrides < --set. An lr_multiplier m scales the schedule those give (peak and final
+    learning rate, the config's defaults where none is set) by m."""
+    overrides = {**GRID_DEFAULTS, **SCALE_OVERRIDES[scale],
+                 **{key: run.seed for key in SEED_OVERRIDES}, **dict(run.overrides),
+                 **dict(settings or {}), "seed": run.seed}
+    multiplier = overrides.pop("lr_multiplier", None)
+    if multiplier is not None:
+        for field in ("peak_lr", "final_lr"):
+            key = f"optimizer.{field}"
+            base = overrides.get(key, _schedule_default(run, field))
+            overrides[key] = float(base) * float(multiplier)
+    return overrides

@@ -299,6 +299,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for every run, e.g. train.steps=200")
     parser.add_argument("--only", default="", help="comma-separated run names to run")
+    parser.add_argument("--lr_multipliers", default="",
+                        help="comma-separated multipliers of each run's peak learning rate, "
+                             "e.g. 0.5,1,2,4,8 (an LR sweep per variant)")
     parser.add_argument("--dry_run", action="store_true", help="print the commands and stop")
     parser.add_argument("--no_analyze", action="store_true", help="train only")
     parser.add_argument("--command", default=TRAIN_COMMAND, help="train command template")
@@ -328,6 +331,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--seeds={args.seeds!r} must be comma-separated integers")
     settings = parse_settings(args.set)
     runs = grid_lib.grid_runs(args.grid, args.scale, seeds)
+    if args.lr_multipliers:
+        try:
+            multipliers = grid_lib.parse_multipliers(args.lr_multipliers)
+        except grid_lib.GridError as err:
+            parser.error(str(err))
+        runs = grid_lib.with_lr_multipliers(runs, multipliers)
     if args.only:
         wanted = set(args.only.split(","))
         unknown = wanted - {r.name for r in runs}

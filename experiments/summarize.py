@@ -13,6 +13,14 @@ A Table 5 grid (experiments/grids/table5.py) adds a long-context section: each c
 run's `length_eval/length_eval.json` (gated_attention.evaluate_length) as retrieval score and
 perplexity per length, with and without YaRN, beside the paper's RULER numbers at the same
 multiple of the training length; it is also written to `<root>/table5.csv`.
+Each run's `record.json` (gated_attention/run_record.py) gives its final train and held-out
+loss, tokens, wall time and code version; its metrics.jsonl gives non-finite steps and loss
+spikes where the run was not analysed. With several seeds, every row is compared with its
+reference row (the baseline of the same grid, or `--reference NAME`) seed by seed:
+`<root>/paired.csv` and a "Paired differences" section (experiments/comparisons.py,
+experiments/paired_stats.py); a grid run with `--lr_multipliers` adds a learning-rate section
+(`<root>/lr_sweep.csv`); a sink grid says whether its baseline formed a sink; a G1 row is
+placed on a ladder of published small-scale results.
 The root may be local or a bucket: every path is an etils.epath (gated_attention.paths).
 """
 
@@ -32,7 +40,7 @@ from typing import Any
 from etils import epath
 from scipy import stats as scipy_stats
 
-from experiments import grid_lib
+from experiments import comparisons, grid_lib
 from gated_attention import paths
 
 METRICS = (  # (our key, paper key, column title)
@@ -89,16 +97,47 @@ def paper_row(tables: Mapping[str, Any], table: str, variant: str,
     return out
 
 
+def _train_log(root: epath.Path, name: str, warmup_steps: int) -> dict[str, Any]:
+    """Non-finite (skipped) steps and loss spikes from a run's metrics.jsonl."""
+    from gated_attention.analysis import stability
+    from gated_attention.metrics_writer import read_jsonl
+
+    path = root / name / "metrics.jsonl"
+    if not path.exists():
+        return {}
+    trains = [r for r in read_jsonl(path, torn_tail="drop") if r.get("kind") == "train"]
+    report = stability.stability_report([(r["step"], r["loss"]) for r in trains],
+                                        warmup_steps=warmup_steps)
+    return {"skipped": sum(bool(r.get("skipped")) for r in trains),
+            "spikes": report["spikes"], "diverged": report["diverged"]}
+
+
 def run_row(root: epath.Path, name: str, run: Mapping[str, Any],
             tables: Mapping[str, Any]) -> dict[str, Any]:
     analysis = _load_json(root / name / "analysis" / "analysis.json")
     status = _load_json(root / "_status" / f"{name}.json") or {}
+    record = _load_json(root / name / "record.json")
+    overrides = run.get("overrides") or {}
     row: dict[str, Any] = {
         "run": name, "group": re.sub(r"-s\d+$", "", name), "label": run.get("label") or
         run.get("variant"), "variant": run.get("variant"), "seed": run.get("seed"),
-        "state": status.get("state", "done" if analysis else "not run"),
-        "error": status.get("error"),
+        "state": status.get("state", "done" if analysis or record else "not run"),
+        "error": status.get("error"), "lr_multiplier": run.get("lr_multiplier"),
+        "peak_lr": overrides.get("optimizer.peak_lr"),
     }
+    if record:
+        final = record.get("final") or {}
+        row.update(train_loss=(final.get("train") or {}).get("loss"),
+                   eval_loss=(final.get("eval") or {}).get("loss"),
+                   tokens=record.get("tokens_seen"), wall_s=record.get("wall_seconds"),
+                   commit=(record.get("code") or {}).get("commit"),
+                   dirty=(record.get("code") or {}).get("dirty"),
+                   seq_len=record["config"]["data"]["seq_len"],
+                   peak_lr=record["config"]["optimizer"]["peak_lr"])
+    if row["state"] == "done" or record:
+        warmup = int((record or {}).get("config", {}).get("optimizer", {}).get(
+            "warmup_steps", overrides.get("optimizer.warmup_steps", 0)))
+        row.update(_train_log(root, name, warmup))
     if analysis:
         stability = analysis.get("stability", {})
         final_eval = stability.get("final_eval") or {}
@@ -106,8 +145,8 @@ def run_row(root: epath.Path, name: str, run: Mapping[str, Any],
             ppl=analysis.get("perplexity"), eval_ppl=final_eval.get("perplexity"),
             f_attn=analysis["first_token_attention"], sink_rate=analysis["sink_rate"],
             m_act=analysis["massive_activation"], gate=analysis["gate_score_mean"],
-            spikes=stability.get("train", {}).get("spikes"),
-            diverged=stability.get("train", {}).get("diverged"),
+            spikes=stability.get("train", {}).get("spikes", row.get("spikes")),
+            diverged=stability.get("train", {}).get("diverged", row.get("diverged")),
             params_added_m=analysis["params"]["params_added_vs_baseline"] / 1e6,
             step=analysis["step"],
         )
@@ -128,6 +167,10 @@ def _mean_std(values: Sequence[Any]) -> tuple[float | None, float | None]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
 
+def _count(values: Sequence[Any]) -> int:
+    return sum(v is not None and math.isfinite(float(v)) for v in values)
+
+
 def group_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Average the seeds of each run group (same arch, variant and overrides)."""
     groups: dict[str, list[Mapping[str, Any]]] = {}
@@ -139,10 +182,15 @@ def group_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         first = members[0]
         g: dict[str, Any] = {"group": group, "label": first["label"],
                              "variant": first["variant"], "seeds": len(done),
-                             "failed": len(members) - len(done)}
-        for key in ("ppl", "eval_ppl", "f_attn", "sink_rate", "m_act", "gate", "spikes",
-                    "params_added_m", *SINK_TASK_KEYS):
-            g[key], g[f"{key}_std"] = _mean_std([m.get(key) for m in done])
+                             "failed": len(members) - len(done),
+                             "lr_multiplier": first.get("lr_multiplier")}
+        for key in ("ppl", "eval_ppl", "eval_loss", "train_loss", "f_attn", "sink_rate",
+                    "m_act", "gate", "spikes", "params_added_m", *SINK_TASK_KEYS):
+            values = [m.get(key) for m in done]
+            g[key], g[f"{key}_std"] = _mean_std(values)
+            n = _count(values)  # standard error of the mean over seeds
+            g[f"{key}_se"] = (g[f"{key}_std"] / math.sqrt(n)
+                              if g[f"{key}_std"] is not None else None)
         g["diverged"] = sum(bool(m.get("diverged")) for m in done)
         for key in ("paper_ppl", "paper_f_attn", "paper_m_act", "paper_gate",
                     "paper_params_added_m"):
@@ -180,8 +228,9 @@ def _fmt(value: Any, digits: int = 3) -> str:
 
 
 def _pm(g: Mapping[str, Any], key: str, digits: int = 3) -> str:
-    std = g.get(f"{key}_std")
-    return _fmt(g.get(key), digits) + (f" ± {_fmt(std, 2)}" if std is not None else "")
+    """mean ± standard error over the seeds (the std is in summary.csv)."""
+    se = g.get(f"{key}_se")
+    return _fmt(g.get(key), digits) + (f" ± {_fmt(se, 2)}" if se is not None else "")
 
 
 def markdown(root: epath.Path, manifest: Mapping[str, Any] | None,
@@ -193,8 +242,9 @@ def markdown(root: epath.Path, manifest: Mapping[str, Any] | None,
                   + (f", settings {manifest.get('settings')}" if manifest.get("settings") else "")
                   + ".", ""]
     lines += [
-        "Ours: held-out PPL and the analysis metrics of each run's last checkpoint (mean ± std "
-        "over seeds); F-Attn excludes query 0; M-Act = mean over layers of max |layer output|. "
+        "Ours: held-out PPL and the analysis metrics of each run's last checkpoint (mean ± "
+        "standard error over seeds; the std is in summary.csv); F-Attn excludes query 0; "
+        "M-Act = mean over layers of max |layer output|. "
         "Paper: the same rows in arXiv 2505.06708 (its scale, not ours).", "",
         "| run | seeds | PPL | paper PPL | F-Attn | paper F-Attn | sink rate | M-Act "
         "| paper M-Act | gate | paper gate | spikes | diverged | +params (M) | paper +params (M) |",
@@ -356,7 +406,7 @@ def sink_section(groups: Sequence[Mapping[str, Any]]) -> list[str]:
         "queries); sink heads: share of heads with F-Attn above 0.3 at other queries; BOS "
         "ratio: the last layer's output norm at BOS over its mean elsewhere; gate: mean score "
         "at trigger / other queries; acc: accuracy of the copy at triggers; excess: bigram "
-        "loss above the chain's entropy (nats). Mean over seeds.", "",
+        "loss above the chain's entropy (nats). Mean (± standard error) over seeds.", "",
         "| run | seeds | F-Attn | paper F-Attn | F-Attn other / trigger | sink heads | BOS ratio "
         "| M-Act | paper M-Act | gate trigger / other | paper gate | acc | excess |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -410,8 +460,9 @@ def write_csv(path: paths.PathLike, rows: Sequence[Mapping[str, Any]]) -> None:
     paths.write_atomic(path, csv_text(rows))
 
 
-def summarize(root: paths.PathLike) -> dict[str, Any]:
-    """Write summary.md, summary.csv and runs.csv under `root`; returns what they hold."""
+def summarize(root: paths.PathLike, reference: str | None = None) -> dict[str, Any]:
+    """Write summary.md, summary.csv, runs.csv (and paired.csv, lr_sweep.csv where there is
+    something to compare) under `root`; returns what they hold."""
     root = paths.resolve(root)
     if not root.is_dir():
         raise FileNotFoundError(f"grid root {root} does not exist")
@@ -423,7 +474,27 @@ def summarize(root: paths.PathLike) -> dict[str, Any]:
     groups = group_rows(rows)
     ranks = rankings(groups)
     manifest = _load_json(root / "runs.json")
+    comparisons.check_reference(groups, reference)
     text = markdown(root, manifest, groups, rows, ranks)
+    paired = comparisons.paired_rows(rows, groups, reference)
+    seq_lens = {r.get("seq_len") for r in rows if r.get("seq_len")}
+    sink = comparisons.sink_check(rows, seq_lens.pop() if len(seq_lens) == 1 else None)
+    sweeps = comparisons.lr_sweep(rows)
+    extra = comparisons.paired_markdown(paired, sink)
+    if any(g.get("f_attn") is not None for g in groups):
+        extra += comparisons.sink_check_markdown(sink)
+    extra += comparisons.lr_sweep_markdown(sweeps)
+    if any(e["metric"] == "eval_loss" for e in paired):
+        extra += comparisons.ladder(paired, (manifest or {}).get("scale"))
+    if extra:
+        text += "\n" + "\n".join(extra)
+    if paired:
+        write_csv(root / "paired.csv", [{k: v for k, v in e.items() if k != "digits"}
+                                        for e in paired])
+    if sweeps:
+        write_csv(root / "lr_sweep.csv", [{"variant": s["variant"], **p, "best": p is s["best"],
+                                           "largest_stable": p is s["largest_stable"]}
+                                          for s in sweeps for p in s["points"]])
     long_context = table5(root, runs, tables)
     if long_context:
         text += "\n".join(table5_markdown(long_context)) + "\n"
@@ -431,16 +502,20 @@ def summarize(root: paths.PathLike) -> dict[str, Any]:
     paths.write_atomic(root / "summary.md", text)
     write_csv(root / "summary.csv", groups)
     write_csv(root / "runs.csv", rows)
-    return {"groups": groups, "runs": rows, "rankings": ranks, "table5": long_context}
+    return {"groups": groups, "runs": rows, "rankings": ranks, "table5": long_context,
+            "paired": paired, "sink_check": sink, "lr_sweep": sweeps}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("root", help="a grid's root directory (as given to run_grid --root)")
+    parser.add_argument("--reference", default=None,
+                        help="the row every other row is compared with (a group name, label "
+                             "or variant; default: the baseline)")
     args = parser.parse_args(argv)
     try:
-        result = summarize(args.root)
-    except FileNotFoundError as err:
+        result = summarize(args.root, args.reference)
+    except (FileNotFoundError, ValueError) as err:
         print(f"Error: {err}", file=sys.stderr)
         return 1
     print((paths.resolve(args.root) / "summary.md").read_text())

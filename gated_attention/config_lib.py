@@ -336,6 +336,13 @@ def train_section() -> ml_collections.ConfigDict:
         # A step with a non-finite loss or gradient is never applied; then "stop" ends the
         # run (non-zero exit), "skip" goes on and stops after max_skipped such steps in a row.
         on_nonfinite="stop", max_skipped=10,
+        # Initial weights drawn per parameter name (init_by_name.py): variants of one seed
+        # start from the same weights wherever names and shapes agree (grids set it).
+        init_by_name=False,
+        # Sink, gate and activation statistics (telemetry.py) from the step's batch after
+        # every telemetry_every updates, into metrics.jsonl (kind "telemetry") and
+        # TensorBoard; 0 = off.
+        telemetry_every=100,
     ))
 
 
@@ -674,6 +681,11 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
     _choice("train.on_nonfinite", train.get("on_nonfinite", "stop"), ON_NONFINITE)
     _check(train.get("max_skipped", 1) >= 1,
            f"train.max_skipped={train.get('max_skipped')} must be >= 1")
+    _check(isinstance(train.get("init_by_name", False), bool),
+           f"train.init_by_name={train.get('init_by_name')!r} must be True or False")
+    every = train.get("telemetry_every", 0)
+    _check(isinstance(every, int) and not isinstance(every, bool) and every >= 0,
+           f"train.telemetry_every={every!r} must be an integer >= 0 (0 = off)")
 
     _check(opt.peak_lr > 0, f"optimizer.peak_lr={opt.peak_lr} must be > 0")
     _check(0 <= opt.final_lr <= opt.peak_lr,

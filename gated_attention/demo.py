@@ -240,7 +240,19 @@ def train_and_report_sinks(workdir: pathlib.Path, parallel: bool) -> list[str]:
                                            overwrite=FLAGS.overwrite), parallel)
     print("Measuring the sink at every checkpoint ...", flush=True)
     results = sink_report.analyse(folder)
-    return sink_report.report_lines(folder, results, overrides, "sinks")
+    return sink_report.report_lines(folder, results, overrides, "sinks") + sink_emergence_lines(
+        folder, results, overrides)
+
+
+def sink_emergence_lines(folder: pathlib.Path, results: dict[str, dict[str, Any]],
+                         overrides: dict[str, Any]) -> list[str]:
+    """The telemetry's sink-emergence curves of the two sink runs (telemetry_report.py)."""
+    from gated_attention import telemetry_report
+    from gated_attention.analysis import sink_report
+
+    seq_len = results[sink_report.SINK_VARIANTS[0]]["seq_len"]
+    return telemetry_report.report_lines(folder, sink_report.SINK_VARIANTS, seq_len,
+                                         overrides["train.batch_size"] * seq_len, "sinks")
 
 
 def main(argv: list[str]) -> None:

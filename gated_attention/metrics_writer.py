@@ -119,6 +119,44 @@ class MetricsWriter:
             if isinstance(value, (int, float, bool)) and math.isfinite(value):
                 self._tb.add_scalar(f"{kind}/{name}", float(value), int(step))
 
+    def write_telemetry(self, step: int, record: Mapping[str, Any]) -> None:
+        """A telemetry point (gated_attention/telemetry.py): one metrics.jsonl record of kind
+        "telemetry" (lists per layer / head), and in TensorBoard per-layer scalars
+        (telemetry/<name>/layer<i>) and one gate-score histogram per layer."""
+        if not self.enabled:
+            return
+        self.write(step, record, kind="telemetry")  # the scalars: f_attn, sink_rate, m_act
+        for name in ("f_attn", "m_act", "gate_mean", "gate_norm"):
+            for i, value in enumerate(record.get(f"{name}_per_layer") or []):
+                if value is not None:
+                    self._tb.add_scalar(f"telemetry/{name}/layer{i}", float(value), int(step))
+        for i, heads in enumerate(record.get("f_attn_per_head") or []):
+            for h, value in enumerate(heads):
+                if value is not None:
+                    self._tb.add_scalar(f"telemetry/f_attn/layer{i}_head{h}", float(value),
+                                        int(step))
+        lo, hi = record.get("gate_hist_range") or (0.0, 1.0)
+        for i, counts in enumerate(record.get("gate_hist_per_layer") or []):
+            self._add_histogram(f"telemetry/gate_scores/layer{i}", counts, lo, hi, step)
+
+    def _add_histogram(self, tag: str, counts: list[float], lo: float, hi: float,
+                       step: int) -> None:
+        """A histogram from fixed-bin counts (tensorboardX's raw form: right bin edges)."""
+        import numpy as np
+
+        counts_array = np.asarray(counts, np.float64)
+        total = float(counts_array.sum())
+        if total <= 0:
+            return
+        edges = np.linspace(lo, hi, len(counts_array) + 1)
+        centres = (edges[:-1] + edges[1:]) / 2
+        self._tb.add_histogram_raw(
+            tag, min=float(lo), max=float(hi), num=total,
+            sum=float(np.sum(counts_array * centres)),
+            sum_squares=float(np.sum(counts_array * centres ** 2)),
+            bucket_limits=edges[1:].tolist(), bucket_counts=counts_array.tolist(),
+            global_step=int(step))
+
     def _write_pending(self) -> None:
         if self._pending:
             paths.append_text(self.path, "".join(self._pending))

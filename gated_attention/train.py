@@ -73,6 +73,10 @@ def train_state_spec(config: Any, mesh: Mesh,
         _, params, rest = nnx.split(model, nnx.Param, ...)
         if jax.tree.leaves(rest):
             raise ValueError("the model holds non-Param state, which training does not carry")
+        if config.train.get("init_by_name", False):  # variants of one seed share weights
+            from gated_attention import init_by_name
+
+            params = init_by_name.redraw(params, config.seed)
         return {"params": params, "opt_state": tx.init(params),
                 "step": jnp.zeros((), jnp.int32)}
 
@@ -438,6 +442,8 @@ class _PendingMetrics:
                 self.spikes.update(record["step"], record["loss"])
                 self.skipped_in_row = self.skipped_in_row + 1 if record.get("skipped") else 0
         self.pending: list[tuple[int, dict, jax.Array]] = []
+        self.telemetry: list[tuple[int, dict]] = []  # telemetry.py points, still on device
+        self.activation = run.config.attention.get("activation", "sigmoid")
         self.last: dict[str, Any] = {"step": start}
         self.timer_start: float | None = None
         self.timed_steps = 0
@@ -456,8 +462,18 @@ class _PendingMetrics:
         return (self.tokens_per_step * self.timed_steps / elapsed if self.timed_steps
                 else float("nan"))
 
+    def write_telemetry(self) -> None:
+        """Read and write the pending telemetry points (with the step metrics' sync)."""
+        from gated_attention import telemetry as telemetry_lib
+
+        points, self.telemetry = self.telemetry, []
+        for step, values in zip([s for s, _ in points],
+                                jax.device_get([v for _, v in points])):
+            self.writer.write_telemetry(step, telemetry_lib.summarize(values, self.activation))
+
     def write(self) -> None:
         """Read and write every pending step; NonFiniteError when the run must stop."""
+        self.write_telemetry()
         if not self.pending:
             return
         fetched = jax.device_get([m for _, m, _ in self.pending])
@@ -503,6 +519,8 @@ class LoopResult:
     train: dict[str, Any]              # the last train record
     eval: dict[str, Any] | None        # the last held-out evaluation of this call
     stopped_by: str | None = None      # the signal that ended the loop early
+    wall_seconds: float | None = None  # wall time of this call's loop (record.json)
+    code: dict[str, Any] | None = None  # the code version when the loop started (record.json)
 
 
 def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = True,
@@ -527,6 +545,8 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
 
     writer = metrics_lib.MetricsWriter(run.workdir, enabled=run.primary, resume_step=start)
     metrics = _PendingMetrics(run, writer, start)
+    telemetry_every = train_cfg.get("telemetry_every", 0)
+    telemetry_fn = _telemetry_fn(run) if telemetry_every else None
     last_eval: dict[str, Any] | None = None
     bar = None
     if progress and run.primary and start < train_cfg.steps:
@@ -539,12 +559,20 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
              if bar is None and run.primary else None)
     end = train_cfg.steps if stop_after is None else min(train_cfg.steps, start + stop_after)
     done, stopped_by = start, None
+    from gated_attention.run_record import code_version
+
+    code = code_version()  # now: the checkout may move on while the run trains
+    loop_start = time.perf_counter()
     own_stop = stop is None
     stop = interrupts.StopRequest().install() if own_stop else stop
     try:
         for step in range(start, end):
             batch = distributed.global_batch(next(run.inputs.train), run.data_sharding,
                                              train_cfg.batch_size)
+            if telemetry_fn is not None and step and step % telemetry_every == 0:
+                # after every `telemetry_every` updates (not at step 0: a run shorter than
+                # the interval never compiles it), with the weights this step starts from
+                metrics.telemetry.append((step, telemetry_fn(state["params"], batch)))
             state, step_metrics = step_fn(state, batch)
             done = step + 1
             metrics.add(done, step_metrics)
@@ -583,7 +611,22 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
         if bar is not None:
             bar.close()
         writer.close()
-    return LoopResult(state, done, metrics.last, last_eval, stopped_by)
+    return LoopResult(state, done, metrics.last, last_eval, stopped_by,
+                      time.perf_counter() - loop_start, code)
+
+
+def _telemetry_fn(run: PreparedRun) -> Callable:
+    """telemetry.py's statistics as one jitted call on (params, batch), under the mesh."""
+    from gated_attention import telemetry as telemetry_lib
+
+    jitted = jax.jit(telemetry_lib.make_telemetry_fn(run.spec.graphdef, run.config),
+                     in_shardings=(run.spec.shardings["params"], run.data_sharding))
+
+    def call(params: nnx.State, batch: Mapping[str, jax.Array]) -> dict:
+        with jax.set_mesh(run.mesh), sharding.logical_rules(run.rules):
+            return jitted(params, batch)
+
+    return call
 
 
 def finish(run: PreparedRun, result: LoopResult) -> dict[str, Any]:
@@ -602,7 +645,30 @@ def finish(run: PreparedRun, result: LoopResult) -> dict[str, Any]:
                "eval": last_eval}
     if run.primary and result.step == train_cfg.steps:
         paths.write_atomic(run.workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        trained_now = "loss" in result.train
+        if trained_now or not (run.workdir / "record.json").exists():  # keep the one written
+            write_record(run, result, last, last_eval)  # by the call that trained
     return summary
+
+
+def write_record(run: PreparedRun, result: LoopResult, last: Mapping[str, Any],
+                 last_eval: Mapping[str, Any] | None) -> None:
+    """record.json (run_record.py): config, code version, hardware, tokens, FLOPs, metrics."""
+    from gated_attention import accounting, run_record
+
+    records = metrics_lib.read_jsonl(run.workdir / "metrics.jsonl", torn_tail="drop")
+    telemetry = next((r for r in reversed(records) if r.get("kind") == "telemetry"), None)
+    try:
+        flops = accounting.train_flops_per_token(config_lib.model_config(run.config),
+                                                 run.config.data.seq_len)
+    except Exception:  # noqa: BLE001 - a record without FLOPs beats no record
+        flops = None
+    record = run_record.build(run.config, mesh=run.mesh, steps=result.step, train=last,
+                              eval_metrics=last_eval, telemetry=telemetry,
+                              wall_seconds=result.wall_seconds, flops_per_token=flops,
+                              code=result.code)
+    paths.write_atomic(run.workdir / run_record.RECORD_FILE,
+                       json.dumps(record, indent=2, default=str) + "\n")
 
 
 def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False,

@@ -37,7 +37,9 @@ class SinkRun(Run):
 
     @property
     def name(self) -> str:
-        return f"{self.arch}-h{dict(self.overrides)['model.num_heads']}-{self.variant}-s{self.seed}"
+        lr = "" if self.lr_multiplier is None else f"-lrx{self.lr_multiplier:g}"
+        return (f"{self.arch}-h{dict(self.overrides)['model.num_heads']}-{self.variant}{lr}"
+                f"-s{self.seed}")
 
 
 def runs(scale="tiny", seeds=(0,)):

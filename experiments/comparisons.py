@@ -1,0 +1,280 @@
+"""The summary's comparisons: paired differences to a reference row, LR sweeps, the ladder.
+
+Rows of a grid are run groups (one per arch, variant and overrides; the seeds are its
+members). `paired_tables` compares each group with its reference group seed by seed (the
+seeds pair runs: grid_lib), `lr_sweep` reads a grid run with --lr_multipliers, `sink_check`
+says whether the baseline formed a sink at all, and `LADDER` holds published small-scale
+points a G1-vs-baseline loss change can be placed against.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from experiments import paired_stats
+from gated_attention.analysis.sink_report import uniform_first_token
+
+# (key in a run row, title, digits): the metrics compared pair by pair.
+PAIRED_METRICS = (("eval_loss", "held-out loss", 4), ("ppl", "PPL", 3),
+                  ("f_attn", "F-Attn", 3), ("sink_rate", "sink rate", 2),
+                  ("m_act", "M-Act", 2), ("gate", "gate score", 3))
+MARK = " **\\***"  # a significant difference after Holm's correction
+# A baseline formed a sink when its F-Attn is at least this many times the uniform level
+# (uniform_first_token: query i of a causal row gives 1 / (i + 1) to the first token).
+SINK_FACTOR = 3.0
+# A learning rate is stable when the run finished with no non-finite step and its final
+# held-out loss is within this share of the variant's best over the sweep.
+STABLE_MARGIN = 0.02
+# Published G1-vs-baseline held-out loss changes at small scale (relative change; negative =
+# the gate helps), each with its source and scale.
+LADDER = (
+    {"source": "marin speedruns (hackable transformer starter vs attn gate, lr x1)",
+     "scale": "130M params (d512, 6 layers), about 3.1B tokens, fineweb-edu",
+     "metric": "paloma c4_en bpb", "change": -0.0076},
+    {"source": "marin speedruns (same pair)",
+     "scale": "300M params (d768, 12 layers), about 6.1B tokens",
+     "metric": "paloma c4_en bpb", "change": -0.0090},
+    {"source": "the paper, Table 2 (PPL 7.499 -> 7.404)",
+     "scale": "1.7B dense, 28 layers, 400B tokens", "metric": "loss", "change": -0.0063},
+)
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.{digits}g}" if abs(value) >= 1000 else f"{value:.{digits}f}"
+
+
+def _p(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2g}" if value >= 1e-3 else f"{value:.0e}"
+
+
+def find_reference(groups: Sequence[Mapping[str, Any]], group: Mapping[str, Any],
+                   reference: str | None) -> Mapping[str, Any] | None:
+    """The group `group` is compared with: `reference` (a group name, label or variant), or
+    the group whose name is this one's with the variant replaced by "baseline", or the first
+    baseline group. None for the reference itself."""
+    if reference:
+        for key in ("group", "label", "variant"):
+            found = next((g for g in groups if g.get(key) == reference), None)
+            if found is not None:
+                return None if found is group else found
+        return None
+    if group.get("variant") == "baseline" and not group.get("lr_multiplier"):
+        return None
+    variant = group.get("variant") or ""
+    twin = re.sub(rf"(^|-){re.escape(variant)}(-|$)", r"\1baseline\2", group["group"])
+    found = next((g for g in groups if g["group"] == twin), None)
+    if found is None:
+        found = next((g for g in groups if g.get("variant") == "baseline"), None)
+    return None if found is group else found
+
+
+def check_reference(groups: Sequence[Mapping[str, Any]], reference: str | None) -> None:
+    if reference and not any(reference in (g.get("group"), g.get("label"), g.get("variant"))
+                             for g in groups):
+        raise ValueError(f"--reference={reference!r} names no row; rows: "
+                         + ", ".join(g["group"] for g in groups))
+
+
+def paired_rows(rows: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]],
+                reference: str | None = None) -> list[dict[str, Any]]:
+    """One entry per (group, metric): the paired difference to its reference over the seeds
+    both ran, with Holm's correction over the groups of each metric."""
+    done = [r for r in rows if r["state"] == "done"]
+    by_group: dict[str, dict[Any, Mapping[str, Any]]] = {}
+    for r in done:
+        by_group.setdefault(r["group"], {})[r["seed"]] = r
+    out = []
+    for key, title, digits in PAIRED_METRICS:
+        entries = []
+        for g in groups:
+            ref = find_reference(groups, g, reference)
+            if ref is None:
+                continue
+            mine, theirs = by_group.get(g["group"], {}), by_group.get(ref["group"], {})
+            seeds = sorted(s for s in mine if s in theirs and mine[s].get(key) is not None
+                           and theirs[s].get(key) is not None)
+            if not seeds:
+                continue
+            diffs = [float(mine[s][key]) - float(theirs[s][key]) for s in seeds]
+            result = paired_stats.paired(diffs)
+            entries.append({
+                "metric": key, "title": title, "digits": digits, "group": g["group"],
+                "label": g["label"], "reference": ref["group"], "reference_label": ref["label"],
+                "seeds": seeds, "n": result.n,
+                "reference_mean": statistics.fmean(float(theirs[s][key]) for s in seeds),
+                "row_mean": statistics.fmean(float(mine[s][key]) for s in seeds),
+                "diff": result.mean, "se": result.se, "low": result.low, "high": result.high,
+                "p_t": result.p_t, "p_sign_flip": result.p_sign_flip,
+                "seeds_needed": result.seeds_needed,
+            })
+        for entry, adjusted in zip(entries, paired_stats.holm([e["p_t"] for e in entries])):
+            entry["p_holm"] = adjusted
+            entry["significant"] = adjusted is not None and adjusted < paired_stats.ALPHA
+        out += entries
+    return out
+
+
+def paired_markdown(entries: Sequence[Mapping[str, Any]],
+                    sink: Mapping[str, Any] | None = None) -> list[str]:
+    if not entries:
+        return []
+    lines = [
+        "## Paired differences to the reference row", "",
+        "Each row minus its reference, seed by seed (the same seed gives both runs the same "
+        "data and the same initial shared weights). diff: mean over the paired seeds; 95% CI: "
+        "Student t with n - 1 degrees of freedom; p (t): paired t-test, two-sided; p (flip): "
+        "exact sign-flip permutation test, two-sided (its floor is 2 / 2^n: 0.25 at 3 seeds); "
+        "Holm: the t-test's p-value after Holm's correction over the rows of that metric's "
+        "table; **\\*** marks a difference significant at 5% after it. seeds for 80%: pairs a "
+        "paired t-test would need to detect the observed mean difference at the observed "
+        "spread with 80% power (given where the difference is not significant).", ""]
+    for key, title, _ in PAIRED_METRICS:
+        mine = [e for e in entries if e["metric"] == key]
+        if not mine:
+            continue
+        lines += [f"### {title}", "",
+                  "| row | reference | n | reference mean | row mean | diff ± se | 95% CI "
+                  "| p (t) | p (flip) | Holm | seeds for 80% |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for e in mine:
+            d = e["digits"] + 1
+            ci = ("-" if e["low"] is None
+                  else f"[{_fmt(e['low'], d)}, {_fmt(e['high'], d)}]")
+            se = "" if e["se"] is None else f" ± {_fmt(e['se'], d)}"
+            need = e["seeds_needed"]
+            need_text = ("-" if e["significant"] or e["p_t"] is None
+                         else (str(need) if need is not None else "> 1000 or no spread"))
+            lines.append(
+                f"| {e['label']} | {e['reference_label']} | {e['n']} "
+                f"| {_fmt(e['reference_mean'], e['digits'])} | {_fmt(e['row_mean'], e['digits'])} "
+                f"| {_fmt(e['diff'], d)}{se} | {ci} | {_p(e['p_t'])} | {_p(e['p_sign_flip'])} "
+                f"| {_p(e.get('p_holm'))}{MARK if e['significant'] else ''} "
+                f"| {need_text} |")
+        if key in ("f_attn", "sink_rate") and sink is not None and sink.get("checked"):
+            if sink["formed"] < sink["checked"]:
+                lines += ["", f"Read with care: the baseline formed a sink in "
+                          f"{sink['formed']} of {sink['checked']} seeds (see below); a "
+                          "difference in the sink is only a cure where there was a sink."]
+        lines.append("")
+    return lines
+
+
+def sink_check(rows: Sequence[Mapping[str, Any]], seq_len: int | None) -> dict[str, Any]:
+    """Per seed: did the baseline form a sink (F-Attn >= SINK_FACTOR x uniform)?"""
+    if not seq_len:
+        return {"checked": 0}
+    uniform = uniform_first_token(seq_len)
+    base = [r for r in rows if r["state"] == "done" and r.get("variant") == "baseline"
+            and r.get("f_attn") is not None and not r.get("lr_multiplier")]
+    missing = [r["run"] for r in base if r["f_attn"] < SINK_FACTOR * uniform]
+    return {"checked": len(base), "formed": len(base) - len(missing), "uniform": uniform,
+            "factor": SINK_FACTOR, "seq_len": seq_len, "no_sink": missing,
+            "ratios": {r["run"]: r["f_attn"] / uniform for r in base}}
+
+
+def sink_check_markdown(check: Mapping[str, Any]) -> list[str]:
+    if not check.get("checked"):
+        return []
+    head = (f"Did the baseline form a sink? Uniform causal attention puts "
+            f"{check['uniform']:.3f} on the first token (mean of 1/(i+1) over the queries of a "
+            f"{check['seq_len']}-token row); a sink is claimed at {check['factor']:g}x that. ")
+    ratios = ", ".join(f"`{k}` {v:.1f}x" for k, v in check["ratios"].items())
+    if check["no_sink"]:
+        return ["## Baseline sink check", "", head + f"**The baseline formed no sink in "
+                f"{len(check['no_sink'])} of {check['checked']} runs** "
+                f"({', '.join(f'`{r}`' for r in check['no_sink'])}): a sink result on those "
+                f"seeds says nothing about a cure. Per run: {ratios}.", ""]
+    return ["## Baseline sink check", "", head + f"It did in all {check['checked']} runs "
+            f"({ratios}).", ""]
+
+
+def ladder(entries: Sequence[Mapping[str, Any]], scale: str | None) -> list[str]:
+    """G1-vs-baseline held-out loss change of this grid beside the published points."""
+    ours = [e for e in entries if e["metric"] == "eval_loss"
+            and e["label"].startswith("g1_sdpa_elementwise") and e["reference_mean"]]
+    lines = ["## Reference ladder: G1 (elementwise, sigmoid) against its baseline", "",
+             "| source | scale | metric | change |", "|---|---|---|---|"]
+    for point in LADDER:
+        lines.append(f"| {point['source']} | {point['scale']} | {point['metric']} "
+                     f"| {100 * point['change']:+.2f}% |")
+    for e in ours:
+        rel = e["diff"] / e["reference_mean"]
+        ci = ("" if e["low"] is None else
+              f" (95% CI {100 * e['low'] / e['reference_mean']:+.2f}% to "
+              f"{100 * e['high'] / e['reference_mean']:+.2f}%)")
+        lines.append(f"| this grid: {e['label']} vs {e['reference_label']}, {e['n']} seeds "
+                     f"| {scale or '-'} | held-out loss | {100 * rel:+.2f}%{ci} |")
+    if not ours:
+        lines.append("| this grid | - | held-out loss | no G1 row with a paired baseline |")
+    return lines + [""]
+
+
+def lr_sweep(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per variant of a learning-rate sweep: each rate's mean final held-out loss (train loss
+    where a run evaluated nothing), its best rate, and its largest stable one."""
+    swept = [r for r in rows if r.get("lr_multiplier") is not None]
+    out = []
+    for base_label in dict.fromkeys(re.sub(r" lr x[^ ]+$", "", r["label"]) for r in swept):
+        members = [r for r in swept if re.sub(r" lr x[^ ]+$", "", r["label"]) == base_label]
+        points = []
+        for m in sorted({r["lr_multiplier"] for r in members}):
+            runs = [r for r in members if r["lr_multiplier"] == m]
+            done = [r for r in runs if r["state"] == "done"]
+            losses = [r.get("eval_loss", r.get("train_loss")) for r in done]
+            losses = [float(x) for x in losses if x is not None and math.isfinite(float(x))]
+            points.append({
+                "multiplier": m, "peak_lr": runs[0].get("peak_lr"), "runs": len(runs),
+                "finished": len(done), "nonfinite_steps": sum(r.get("skipped") or 0 for r in runs),
+                "failed": len(runs) - len(done),
+                "spikes": [r.get("spikes") for r in runs],
+                "loss": statistics.fmean(losses) if losses else None,
+                "loss_std": statistics.stdev(losses) if len(losses) > 1 else None,
+            })
+        finite = [p for p in points if p["loss"] is not None]
+        best = min(finite, key=lambda p: p["loss"]) if finite else None
+        stable = [p for p in finite if p["failed"] == 0 and p["nonfinite_steps"] == 0
+                  and p["loss"] <= best["loss"] * (1 + STABLE_MARGIN)]
+        largest = max(stable, key=lambda p: p["multiplier"]) if stable else None
+        out.append({"variant": base_label, "points": points, "best": best,
+                    "largest_stable": largest})
+    return out
+
+
+def lr_sweep_markdown(sweeps: Sequence[Mapping[str, Any]]) -> list[str]:
+    if not sweeps:
+        return []
+    lines = ["## Learning-rate sweep", "",
+             "Per variant: the recipe's peak (and final) learning rate times each multiplier. "
+             "loss: final held-out loss, mean ± std over seeds (train loss where a run had no "
+             "evaluation). Stable: every run finished with no non-finite step and the loss is "
+             f"within {100 * STABLE_MARGIN:g}% of the variant's best. Spikes: the training "
+             "loss's spike detector (metrics_writer.SpikeDetector) per run.", "",
+             "| variant | best loss (at lr) | largest stable lr |", "|---|---|---|"]
+    for s in sweeps:
+        best, big = s["best"], s["largest_stable"]
+        lines.append(f"| {s['variant']} | "
+                     + ("-" if best is None else
+                        f"{_fmt(best['loss'], 4)} (x{best['multiplier']:g} = "
+                        f"{_fmt(best['peak_lr'], 3)})")
+                     + " | " + ("none" if big is None else
+                                f"x{big['multiplier']:g} = {_fmt(big['peak_lr'], 3)}") + " |")
+    lines += ["", "| variant | lr x | peak lr | runs done | non-finite steps | spikes per run "
+              "| loss |", "|---|---|---|---|---|---|---|"]
+    for s in sweeps:
+        for p in s["points"]:
+            spikes = ", ".join("-" if x is None else str(int(x)) for x in p["spikes"])
+            std = "" if p["loss_std"] is None else f" ± {_fmt(p['loss_std'], 3)}"
+            lines.append(f"| {s['variant']} | {p['multiplier']:g} | {_fmt(p['peak_lr'], 3)} "
+                         f"| {p['finished']}/{p['runs']} | {p['nonfinite_steps']} | {spikes} "
+                         f"| {_fmt(p['loss'], 4)}{std} |")
+    return lines + [""]

@@ -1,0 +1,126 @@
+"""Regenerate the CPU-scale tables in docs/ from their grids: `make tables`.
+
+    python -m experiments.make_tables [--root runs/tables] [--only sinks_cpu] [--no_run]
+
+Each table in TABLES is a block of a docs page between `<!-- table:NAME begin -->` and
+`<!-- table:NAME end -->`. For each, the grid is run (resumable: finished runs are kept; one
+run at a time), summarised, and the block rewritten with the paired table and a line naming
+the command, the commits the runs' record.json name and the seeds. --no_run only summarises
+roots already there. The block names the seeds and commits, so a rerun can be compared with
+it; this script does not itself check that a rerun reproduces the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import re
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from experiments import comparisons, summarize
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# name -> (docs page, grid file, seeds, runs (None = all), metrics of the paired table)
+TABLES: dict[str, dict[str, Any]] = {
+    "sinks_cpu": {
+        "page": "docs/sinks.md", "grid": "experiments/grids/sinks_cpu.py", "seeds": "0,1,2",
+        "variants": ("baseline", "g1_sdpa_elementwise", "g1_sdpa_headwise",
+                     "g1_sdpa_head_shared", "g2_value_elementwise", "g1_input_independent",
+                     "g1_ns_sigmoid"),
+        "metrics": ("f_attn", "sink_rate", "m_act", "eval_loss"),
+    },
+}
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def table_block(name: str, result: Mapping[str, Any], command: str) -> str:
+    """Markdown of one table: per row mean ± se over seeds and the paired difference to the
+    baseline with its 95% t interval and Holm mark, for each metric."""
+    spec = TABLES[name]
+    groups = [g for g in result["groups"] if g["seeds"]]
+    done = [r for r in result["runs"] if r["state"] == "done"]
+    commits = sorted({r.get("commit") for r in done if r.get("commit")})
+    dirty = any(r.get("dirty") for r in done)
+    seeds = sorted({r["seed"] for r in result["runs"] if r["state"] == "done"})
+    paired = {(e["group"], e["metric"]): e for e in result["paired"]}
+    titles = {m: t for m, t, _ in comparisons.PAIRED_METRICS}
+    head = "| variant | seeds | " + " | ".join(
+        f"{titles[m]} (mean ± se) | minus baseline [95% CI]" for m in spec["metrics"]) + " |"
+    lines = [f"Produced by `{command}`, then `python -m experiments.summarize`, at "
+             f"commit{'s' if len(commits) > 1 else ''} "
+             + (", ".join(f"`{c[:10]}`" for c in commits) or "unknown")
+             + (" (with uncommitted changes)" if dirty else "")
+             + f", seeds {', '.join(map(str, seeds))}.", "", head,
+             "|---|---|" + "---|---|" * len(spec["metrics"])]
+    for g in groups:
+        cells = []
+        for m in spec["metrics"]:
+            se = g.get(f"{m}_se")
+            cells.append(_fmt(g.get(m)) + ("" if se is None else f" ± {_fmt(se)}"))
+            e = paired.get((g["group"], m))
+            if e is None:
+                cells.append("-")
+            else:
+                ci = "" if e["low"] is None else f" [{_fmt(e['low'])}, {_fmt(e['high'])}]"
+                cells.append(f"{e['diff']:+.3f}{ci}{comparisons.MARK if e['significant'] else ''}")
+        lines.append(f"| {g['label']} | {g['seeds']} | " + " | ".join(cells) + " |")
+    check = result.get("sink_check") or {}
+    if check.get("checked"):
+        lines += ["", f"Baseline sink check: the baseline formed a sink (F-Attn >= "
+                  f"{check['factor']:g}x the uniform {check['uniform']:.3f}) in "
+                  f"{check['formed']} of {check['checked']} seeds"
+                  + (f"; not in {', '.join(check['no_sink'])}" if check["no_sink"] else "")
+                  + "."]
+    lines += ["", f"{comparisons.MARK.strip()}: significant at 5% after Holm's correction over "
+              "the rows of that column (paired t-test over seeds; 95% CI: Student t)."]
+    return "\n".join(lines)
+
+
+def replace_block(text: str, name: str, block: str) -> str:
+    pattern = re.compile(rf"(<!-- table:{name} begin -->\n).*?(\n<!-- table:{name} end -->)",
+                         re.S)
+    if not pattern.search(text):
+        raise ValueError(f"no <!-- table:{name} begin/end --> block in the page")
+    return pattern.sub(lambda m: m.group(1) + block + m.group(2), text)
+
+
+def make(name: str, root: pathlib.Path, run: bool) -> None:
+    spec = TABLES[name]
+    grid_root = root / name
+    only = ",".join(f"sink_tiny-h2-{v}-s{s}" for v in spec["variants"]
+                    for s in spec["seeds"].split(","))
+    command = (f"make tables (python -m experiments.run_grid {spec['grid']} --root {grid_root} "
+               f"--seeds {spec['seeds']} --only <its {len(spec['variants'])} Table 4 rows>)")
+    if run:
+        subprocess.run([sys.executable, "-m", "experiments.run_grid", spec["grid"], "--root",
+                        str(grid_root), "--seeds", spec["seeds"], "--only", only],
+                       cwd=REPO, check=False)
+    result = summarize.summarize(grid_root)
+    page = REPO / spec["page"]
+    page.write_text(replace_block(page.read_text(), name, table_block(name, result, command)))
+    print(f"{spec['page']}: table {name} rewritten from {grid_root}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--root", default="runs/tables", help="where the grids' runs go")
+    parser.add_argument("--only", default="", help="comma-separated table names")
+    parser.add_argument("--no_run", action="store_true", help="summarise existing roots only")
+    args = parser.parse_args(argv)
+    names = [n for n in args.only.split(",") if n] or list(TABLES)
+    unknown = set(names) - set(TABLES)
+    if unknown:
+        parser.error(f"--only names {sorted(unknown)}; tables: {', '.join(TABLES)}")
+    for name in names:
+        make(name, pathlib.Path(args.root), run=not args.no_run)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Run records (gated_attention/run_record.py) and the tables rebuilt from them
+(experiments/make_tables.py). A real run's record.json: tests/test_telemetry.py."""
+
+import pathlib
+import subprocess
+
+import pytest
+
+from experiments import make_tables, summarize
+from gated_attention import run_record
+from tests import grid_fixtures
+
+
+def test_code_version_is_the_checkouts_commit_and_none_outside_git(tmp_path):
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                          text=True)
+    version = run_record.code_version(repo)
+    if head.returncode == 0:
+        assert version["commit"] == head.stdout.strip()
+        assert isinstance(version["dirty"], bool)
+    assert run_record.code_version(tmp_path) == {"commit": None, "dirty": None}
+
+
+def test_tables_are_rebuilt_from_records_with_command_commit_and_seeds(tmp_path):
+    base, gated = [3.10, 3.00, 3.20], [3.00, 2.95, 3.05]
+    runs = {}
+    for variant, values in (("baseline", base), ("g1_sdpa_elementwise", gated)):
+        for seed, value in enumerate(values):
+            name = f"sink_tiny-h2-{variant}-s{seed}"
+            runs[name] = grid_fixtures.write_run(tmp_path, name, variant=variant, seed=seed,
+                                                 eval_loss=value)
+    grid_fixtures.write_manifest(tmp_path, runs)
+    result = summarize.summarize(tmp_path)
+    block = make_tables.table_block("sinks_cpu", result, "make tables")
+    assert "Produced by `make tables`" in block and "commit `abc`" in block
+    assert "seeds 0, 1, 2" in block
+    row = next(line for line in block.splitlines() if line.startswith("| g1_sdpa_elementwise"))
+    assert "3.000 ± 0.029" in row  # mean (3.00, 2.95, 3.05) and its standard error
+    assert "-0.100 [" in row  # paired difference to the baseline
+    page = "intro\n<!-- table:sinks_cpu begin -->\nold\n<!-- table:sinks_cpu end -->\nrest\n"
+    new = make_tables.replace_block(page, "sinks_cpu", block)
+    assert new.startswith("intro\n<!-- table:sinks_cpu begin -->\nProduced by")
+    assert new.endswith("<!-- table:sinks_cpu end -->\nrest\n") and "old" not in new
+    with pytest.raises(ValueError, match="table:other"):
+        make_tables.replace_block(page, "other", block)
