@@ -25,6 +25,8 @@ FLOORS: dict[str, int] = {
     "gated_attention.paths": 1,
     "gated_attention.distributed": 1,
     "gated_attention.tpu_topologies": 1,
+    "gated_attention.gpu_targets": 1,
+    "gated_attention.cuda_compile": 1,
     # 2: what the model is made of: the variant space, the model description, layers.
     "gated_attention.variants": 2,
     "gated_attention.layers": 2,
@@ -48,6 +50,10 @@ FLOORS: dict[str, int] = {
     "gated_attention.progress_log": 4,
     "gated_attention.init_from": 4,
     "gated_attention.run_checks": 4,
+    "gated_attention.init_by_name": 3,
+    "gated_attention.telemetry": 4,
+    "gated_attention.run_record": 4,
+    "gated_attention.telemetry_report": 4,
     "gated_attention.hf": 4,
     # 5: command lines.
     "gated_attention.main": 5,
