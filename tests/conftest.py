@@ -7,6 +7,15 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
                       "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Kernel choices are traced once per platform an installed compiler can lower for
+# (ops.target.per_platform). The suite's environment holds libtpu and the CUDA compile pair,
+# which a core install has not: trace for the CPU alone, as a core install does. The tests of
+# that choice unset it; the TPU and GPU compiles name their target (ops.compiling_for).
+os.environ.setdefault("GATED_ATTENTION_TARGET", "cpu")
+
+from gated_attention import cuda_compile  # noqa: E402
+
+cuda_compile.enable()  # the GPU-target compiles need jax's CUDA plugin, loaded at jax's import
 
 import jax  # noqa: E402
 
