@@ -288,6 +288,10 @@ def train_section() -> ml_collections.ConfigDict:
         # A step with a non-finite loss or gradient is never applied; then "stop" ends the
         # run (non-zero exit), "skip" goes on and stops after max_skipped such steps in a row.
         on_nonfinite="stop", max_skipped=10,
+        # Several hosts: a worker whose step (with its eval and checkpoint) takes longer than
+        # step_timeout_s (the first step, with the compile: first_step_timeout_s) prints its
+        # stack and exits 75, e.g. when another worker died (gated_attention/watchdog.py).
+        step_timeout_s=900.0, first_step_timeout_s=3600.0,
     ))
 
 
@@ -628,6 +632,9 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
     _choice("train.on_nonfinite", train.get("on_nonfinite", "stop"), ON_NONFINITE)
     _check(train.get("max_skipped", 1) >= 1,
            f"train.max_skipped={train.get('max_skipped')} must be >= 1")
+    for name in ("step_timeout_s", "first_step_timeout_s"):
+        _check(train.get(name, 0.0) >= 0,
+               f"train.{name}={train.get(name)} must be >= 0 seconds (0 turns the watchdog off)")
 
     _check(opt.peak_lr > 0, f"optimizer.peak_lr={opt.peak_lr} must be > 0")
     _check(0 <= opt.final_lr <= opt.peak_lr,
