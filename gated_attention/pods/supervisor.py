@@ -121,6 +121,7 @@ class Supervisor:
         self.set_up = False        # setup.sh ran on the slice as it now exists
         self.launched = False
         self.preflighted = False
+        self.create_failures = 0
         self.waiting_since: float | None = None
 
     def _run_script(self, argv: list[str]) -> int:
@@ -191,11 +192,12 @@ class Supervisor:
             if self.launched or self.set_up:
                 if not self.restart(health.state, "recreate", "the slice vanished"):
                     return EXIT_GAVE_UP
+            elif self.create_failures:
+                if not self.restart(health.state, "retry_create", "create failed"):
+                    return EXIT_GAVE_UP
             else:
                 self.events.write(health.state, "create", self.attempt)
-            if not self.create(health.state) and not self.restart(health.state, "retry_create",
-                                                                    "create failed"):
-                return EXIT_GAVE_UP
+            self.create_failures = 0 if self.create(health.state) else self.create_failures + 1
         elif health.kind == cloud.BROKEN:
             if not self.restart(health.state, "recreate", "a spot slice cannot be restarted: "
                                 "delete and create again"):

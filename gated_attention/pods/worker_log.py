@@ -90,14 +90,27 @@ def run(command: Sequence[str], dest: str, name: str, every: float = 60.0,
         copying = threading.Thread(target=copy_every, daemon=True)
         copying.start()
         assert proc.stdout is not None
-        for line in iter(proc.stdout.readline, b""):
-            out.write(line)
-            out.flush()
-            sys.stdout.buffer.write(line)
-            sys.stdout.flush()
+        lock = threading.Lock()
+
+        def pump() -> None:  # a thread: the main one waits for the command (and signals)
+            for line in iter(proc.stdout.readline, b""):
+                with lock:
+                    if out.closed:
+                        return
+                    out.write(line)
+                    out.flush()
+                    sys.stdout.buffer.write(line)
+                    sys.stdout.flush()
+
+        pumping = threading.Thread(target=pump, daemon=True)
+        pumping.start()
         rc = proc.wait()
+        # A process the command left behind may hold its output open: do not wait for it.
+        pumping.join(timeout=5.0)
         done.set()
-        out.write(f"### exit {rc if rc >= 0 else 128 - rc}\n".encode())
+        with lock:
+            out.write(f"### exit {rc if rc >= 0 else 128 - rc}\n".encode())
+            out.close()
     copier.copy()
     return rc if rc >= 0 else 128 - rc
 
