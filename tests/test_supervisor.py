@@ -252,18 +252,25 @@ def bucket_objects(prefix: str) -> list[str]:
         return []
 
 
-def wait_for(condition, timeout: float, what: str, poll: float = 0.05):
+def wait_for(condition, timeout: float, what: str, poll: float = 0.05, on_timeout=str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
         time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}{on_timeout()}")
 
 
 def supervisor_output(pod: Pod) -> str:
-    return (pod.root / "supervisor.out").read_text()
+    """The supervisor's output and each worker's log, for a failure message."""
+    noise = ("Could not determine bucket type", "cudart_stub", "absl::InitializeLog")
+    texts = [("supervisor", pod.root / "supervisor.out")] + [
+        (f"worker {p.parent.parent.name}: {p.name}", p)
+        for p in sorted((pod.state / "homes").glob("*/worker-*/logs/*.log"))]
+    return "".join(f"\n--- {title}\n" + "\n".join(
+        line for line in path.read_text().splitlines()[-200:]
+        if not any(n in line for n in noise))[-3000:] for title, path in texts if path.exists())
 
 
 @pytest.mark.slow
@@ -278,11 +285,13 @@ def test_a_supervised_run_preempted_twice_finishes_by_itself_as_if_uninterrupted
     try:
         wait_for(lambda: any("/checkpoints/8" in p
                              for p in bucket_objects(run_dir + "/checkpoints")),
-                 180, "the checkpoint of step 8 to start", poll=0.02)
+                 120, "the checkpoint of step 8 to start", poll=0.02,
+                 on_timeout=lambda: supervisor_output(pod))
         first = json.loads(pod.admin("preempt", "spot"))
         wait_for(lambda: "Resumed" in (pod.worker_log(0, "r").read_text()
                                        if pod.worker_log(0, "r").exists() else ""),
-                 180, "the relaunched run to resume", poll=0.05)
+                 120, "the relaunched run to resume", poll=0.05,
+                 on_timeout=lambda: supervisor_output(pod))
         time.sleep(random.uniform(0.0, 1.0))
         second = json.loads(pod.admin("preempt", "spot"))
         assert proc.wait(timeout=300) == 0, supervisor_output(pod)
