@@ -9,16 +9,18 @@
 # $BUCKET/runs/NAME/supervisor/events.jsonl (a grid: $BUCKET/grids/NAME/supervisor/).
 # Start it in tmux or on a small always-on VM; it may create the TPU itself.
 #   tpu_scripts/supervise.sh --name NAME [--arch ARCH] [--variant VARIANT]
-#       [--grid experiments/grids/FILE.py [--slices N]] [--max-restarts 10] [--poll 60]
+#       [--grid experiments/grids/FILE.py [--claim]] [--max-restarts 10] [--poll 60]
 #       [--active-timeout 86400] [--config PATH] [--dry-run] [-- flags for launch]
 # Flags after `--` go to launch.sh's run (or launch_grid.sh's grid) as there. --dry-run
-# prints the loop's commands (every script's dry run) and changes nothing.
+# prints the loop's commands (every script's dry run) and changes nothing. A grid over K
+# slices: one settings file per slice (its own TPU_NAME, the same BUCKET), one supervisor
+# each with --grid FILE --name NAME --claim; each slice takes the next pending run.
 # shellcheck source=common.sh
 source "$(cd "${BASH_SOURCE[0]%/*}" && pwd)/common.sh"
 parse_common_flags "$@"
-FLAG_name="" FLAG_arch="tiny" FLAG_variant="baseline" FLAG_grid="" FLAG_slices=""
+FLAG_name="" FLAG_arch="tiny" FLAG_variant="baseline" FLAG_grid="" FLAG_claim=0
 FLAG_max_restarts=10 FLAG_poll=60 FLAG_active_timeout=86400 FLAG_max_polls=""
-parse_flags name arch variant grid slices max-restarts poll active-timeout max-polls
+parse_flags name arch variant grid claim! max-restarts poll active-timeout max-polls
 load_settings
 require BUCKET TPU_TYPE
 check_name --name "$FLAG_name"
@@ -36,7 +38,7 @@ supervisor=(-m gated_attention.pods.supervisor --config "$CONFIG_FILE" --project
 ((DRY_RUN)) && supervisor+=(--dry-run)
 if [[ -n "$FLAG_grid" ]]; then
   supervisor+=(grid --name "$FLAG_name" --grid "$FLAG_grid")
-  [[ -n "$FLAG_slices" ]] && supervisor+=(--slices "$FLAG_slices")
+  ((FLAG_claim)) && supervisor+=(--claim)
 else
   supervisor+=(run --name "$FLAG_name" --arch "$FLAG_arch" --variant "$FLAG_variant")
 fi

@@ -54,7 +54,7 @@ class Job:
     variant: str = "baseline"
     grid: str = ""
     passthrough: tuple[str, ...] = ()
-    launch_args: tuple[str, ...] = ()   # more flags for launch_grid.sh (e.g. --slices)
+    launch_args: tuple[str, ...] = ()   # more flags for launch_grid.sh (e.g. --claim)
 
     @property
     def home(self) -> str:
@@ -295,7 +295,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     grid = sub.add_parser("grid", help="an experiments grid (launch_grid.sh)")
     grid.add_argument("--name", required=True)
     grid.add_argument("--grid", required=True)
-    grid.add_argument("--slices", default="", help="launch_grid.sh --slices")
+    grid.add_argument("--claim", action="store_true",
+                      help="share the grid with the other slices supervised alike "
+                           "(launch_grid.sh --claim)")
     args = parser.parse_args(argv)
     args.passthrough = tuple(passthrough)
     for flag, value, low in (("--max-restarts", args.max_restarts, 0), ("--poll", args.poll, 0),
@@ -314,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   passthrough=args.passthrough)
     else:
         job = Job("grid", args.name, args.bucket, grid=args.grid, passthrough=args.passthrough,
-                  launch_args=("--slices", args.slices) if args.slices else ())
+                  launch_args=("--claim",) if args.claim else ())
     if args.dry_run:
         return dry_run(args.config, tpu, job)
     options = Options(poll_s=args.poll, max_restarts=args.max_restarts,
