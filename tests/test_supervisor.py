@@ -38,7 +38,8 @@ RUN_FLAGS = ["--config.model.num_layers=1", "--config.model.d_model=32",
              "--config.data.seq_len=32", "--config.train.batch_size=4",
              f"--config.train.steps={STEPS}", f"--config.train.checkpoint_every={EVERY}",
              "--config.train.log_every=2", "--config.train.eval_every=8",
-             "--config.train.eval_batches=1", "--config.optimizer.warmup_steps=2"]
+             "--config.train.eval_batches=1", "--config.optimizer.warmup_steps=2",
+             "--config.train.async_checkpoint=false"]
 # The workers compile as the test process does (tests/conftest.py), one device each.
 WORKER_XLA_FLAGS = ("--xla_force_host_platform_device_count=1 "
                     "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
@@ -229,7 +230,8 @@ def reference_run(tmp_path_factory):
     for flag in RUN_FLAGS:
         key, value = flag.removeprefix("--config.").split("=")
         section, field = key.split(".")
-        config[section][field] = type(config[section][field])(value)
+        old = config[section][field]
+        config[section][field] = (value == "true") if isinstance(old, bool) else type(old)(value)
     config.data.cache_dir = str(root / "cache")
     with jax.enable_x64(False):
         train.run(config, root / "run", progress=False, devices=jax.devices()[:2])
