@@ -264,6 +264,14 @@ def wait_for(condition, timeout: float, what: str, poll: float = 0.05, on_timeou
     raise AssertionError(f"timed out after {timeout} s waiting for {what}{on_timeout()}")
 
 
+def log_text(pod: Pod, run: str = "r") -> str:
+    path = pod.worker_log(0, run)
+    try:
+        return path.read_text()
+    except FileNotFoundError:  # not launched yet, or the VM was deleted with its disk
+        return ""
+
+
 def supervisor_output(pod: Pod) -> str:
     """The supervisor's output and each worker's log, for a failure message."""
     noise = ("Could not determine bucket type", "cudart_stub", "absl::InitializeLog")
@@ -278,20 +286,19 @@ def supervisor_output(pod: Pod) -> str:
 @pytest.mark.slow
 def test_a_supervised_run_preempted_twice_finishes_by_itself_as_if_uninterrupted(
         tmp_path, gcs_bucket, reference_run):  # noqa: F811
-    """Preempted first while the checkpoint of step 8 is being written (its first object is
-    in the bucket), then at a random moment after it resumed; nobody touches it meanwhile."""
+    """Preempted first as step 8 ends (its evaluation and checkpoint follow at once), then
+    at a random moment after it resumed; nobody touches it meanwhile."""
     pod = Pod(tmp_path, gcs_bucket, name="spot")
     run_dir = f"{gcs_bucket}/ga/runs/r"
     proc = pod.supervise("--name", "r", "--poll", "0.5", "--max-restarts", "4", "--", *RUN_FLAGS,
                          wait=False)
     try:
-        wait_for(lambda: any("/checkpoints/8" in p
-                             for p in bucket_objects(run_dir + "/checkpoints")),
-                 120, "the checkpoint of step 8 to start", poll=0.02,
+        # "step 8/16" is printed just before the evaluation and the checkpoint of step 8
+        wait_for(lambda: f"step 8/{STEPS}" in log_text(pod), 240,
+                 "step 8 (its checkpoint follows)", poll=0.02,
                  on_timeout=lambda: supervisor_output(pod))
         first = json.loads(pod.admin("preempt", "spot"))
-        wait_for(lambda: "Resumed" in (pod.worker_log(0, "r").read_text()
-                                       if pod.worker_log(0, "r").exists() else ""),
+        wait_for(lambda: "Resumed" in log_text(pod),
                  120, "the relaunched run to resume", poll=0.05,
                  on_timeout=lambda: supervisor_output(pod))
         time.sleep(random.uniform(0.0, 1.0))
