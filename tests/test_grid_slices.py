@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -58,14 +59,11 @@ def test_config_paths_are_recorded_relative_to_the_repository(tmp_path):
 
 # Each worker's stand-in training: a few seconds of "steps", then one line per finished
 # attempt in the run's workdir (worker and slice named); SIGTERM ends it unfinished.
-FAKE_TRAIN = ("{python} -c " + repr(
-    "import os, sys, time\n"
-    "from gated_attention import paths\n"
-    "for step in range(12):\n"
-    "    time.sleep(0.25)\n"
-    "w = os.environ['TPU_WORKER_ID']\n"
-    "paths.write_atomic(sys.argv[1] + f'/finished-{w}-' + str(time.time_ns()),"
-    " os.environ['GCLOUD_STANDIN_VM'])\n") + " {workdir}")
+FAKE_TRAIN = "{python} -c " + shlex.quote(
+    "import os, sys, time; from gated_attention import paths; time.sleep(3); "
+    "paths.write_atomic(sys.argv[1] + '/finished-' + os.environ['TPU_WORKER_ID'] + '-' + "
+    "str(time.time_ns()), os.environ['GCLOUD_STANDIN_VM'])").replace(
+    "{", "{{").replace("}", "}}") + " {workdir}"
 
 
 @pytest.mark.slow

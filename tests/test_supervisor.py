@@ -337,3 +337,46 @@ def test_a_supervised_run_preempted_twice_finishes_by_itself_as_if_uninterrupted
         for worker in (0, 1):
             text = bucket_objects(f"{run_dir}/logs")
             assert any(p.endswith(f"worker-{worker}.log") for p in text), text
+
+
+@pytest.mark.slow
+def test_one_worker_killed_the_other_ends_with_its_stack_and_the_run_is_restarted(
+        tmp_path, gcs_bucket, reference_run):  # noqa: F811
+    """kill -9 of worker 1 as step 8 ends: worker 0, left waiting for it in a collective,
+    ends within the step watchdog's time (or at once, if the collective fails first), and
+    the supervisor, finding no worker running the job on a healthy slice, launches it again:
+    it resumes from its last checkpoint and ends as the uninterrupted run."""
+    timeout_s = 30
+    pod = Pod(tmp_path, gcs_bucket, name="k9")
+    run_dir = f"{gcs_bucket}/ga/runs/k"
+    proc = pod.supervise("--name", "k", "--poll", "0.5", "--max-restarts", "2", "--", *RUN_FLAGS,
+                         f"--config.train.step_timeout_s={timeout_s}", wait=False)
+    try:
+        wait_for(lambda: f"step 8/{STEPS}" in log_text(pod, "k"), 240, "step 8",
+                 poll=0.02, on_timeout=lambda: supervisor_output(pod))
+        killed = time.monotonic()
+        pod.admin("kill", "k9", "1", "SIGKILL")
+        seen = [""]
+
+        def worker_0_ended():
+            text = log_text(pod, "k")
+            if len(text) > len(seen[0]):
+                seen[0] = text
+            return "Watchdog" in text or "Traceback" in text or "Error" in text.split(
+                f"step 8/{STEPS}")[-1]
+        wait_for(worker_0_ended, timeout_s + 60, "worker 0 to end",
+                 on_timeout=lambda: supervisor_output(pod))
+        ended_after = time.monotonic() - killed
+        assert proc.wait(timeout=400) == 0, supervisor_output(pod)
+    finally:
+        proc.kill()
+    print(f"worker 0 ended {ended_after:.1f} s after its peer was killed:\n{seen[0][-3000:]}")
+    assert ended_after < timeout_s + 30
+    log = events(gcs_bucket, "runs/k/supervisor/events.jsonl")
+    assert actions(log) == ["start", "create", "setup", "launched", "relaunch", "launched",
+                            "done"], log
+    metrics = read_bucket_json_lines(run_dir + "/metrics.jsonl")
+    assert [r["step"] for r in metrics if r["kind"] == "train"] == list(range(1, STEPS + 1))
+    np.testing.assert_allclose([r["loss"] for r in metrics if r["kind"] == "train"],
+                               [r["loss"] for r in reference_run[0] if r["kind"] == "train"],
+                               rtol=1e-5)
