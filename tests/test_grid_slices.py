@@ -107,13 +107,16 @@ def test_a_grid_on_two_slices_one_preempted_finishes_every_run_once(tmp_path,
 
 
 def _has_training(pod: Pod) -> bool:
-    """A worker of the pod runs a training command (the stand-in's `-c` program)."""
+    """A worker of the pod runs a training command (the stand-in's `python -c` program, not
+    the grid runner or a shell whose command line merely names it)."""
     out = subprocess.run(["pgrep", "-f", "finished-"], capture_output=True, text=True).stdout
     for pid in out.split():
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if f"GCLOUD_STANDIN_VM={pod.name}".encode() in env:
+        if (f"GCLOUD_STANDIN_VM={pod.name}".encode() in env and argv[1:2] == [b"-c"]
+                and b"finished-" in argv[2]):
             return True
     return False
