@@ -245,9 +245,10 @@ def reference_run(tmp_path_factory):
 
 
 def bucket_objects(prefix: str) -> list[str]:
-    import gcsfs
+    import fsspec
 
-    fs = gcsfs.GCSFileSystem(token="anon", skip_instance_cache=True, use_listings_cache=False)
+    fs = fsspec.filesystem("gs")  # one client: a fresh one per call can hang gcsfs's loop
+    fs.invalidate_cache()
     try:
         return fs.find(prefix.removeprefix("gs://"))
     except FileNotFoundError:

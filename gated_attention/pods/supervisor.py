@@ -96,6 +96,30 @@ class Job:
         return bool(names)
 
 
+    def work_left_for(self, slice_name: str) -> bool:
+        """A claimed grid: is a run (or an analysis) pending that is unclaimed or this
+        slice's? If not, the other slices hold what is left: nothing to relaunch here."""
+        from gated_attention.pods import claims
+
+        home = paths.resolve(self.home)
+        claims.invalidate_listings()
+        manifest = home / "runs.json"
+        names = json.loads(manifest.read_text()).get("runs", {}) if manifest.exists() else {}
+        if not names:
+            return True
+        for name in names:
+            status_file = home / "_status" / f"{name}.json"
+            state = (json.loads(status_file.read_text()).get("state")
+                     if status_file.exists() else None)
+            if state == "done":
+                continue
+            claim = name if state != "trained" else f"{name}.analysis"
+            record = claims.read_claim(home / "_claims" / f"{claim}.json")
+            if record is None or record.get("holder") == slice_name:
+                return True
+        return False
+
+
 @dataclasses.dataclass
 class Options:
     poll_s: float = 60.0
@@ -122,6 +146,7 @@ class Supervisor:
         self.launched = False
         self.preflighted = False
         self.create_failures = 0
+        self.idle = False          # a claimed grid: nothing left here for this slice
         self.waiting_since: float | None = None
 
     def _run_script(self, argv: list[str]) -> int:
@@ -210,6 +235,13 @@ class Supervisor:
         else:
             workers = self.tpu.workers_running(self.job.process_pattern)
             if workers is not None and workers[0] == 0 and not self.job.finished():
+                if "--claim" in self.job.launch_args and not self.job.work_left_for(
+                        self.tpu.name):
+                    if not self.idle:
+                        self.events.write(health.state, "idle", self.attempt,
+                                          "what is left is held by other slices")
+                        self.idle = True
+                    return None
                 if not self.restart(health.state, "relaunch",
                                     f"no worker runs {self.job.name} any more"):
                     return EXIT_GAVE_UP
