@@ -2,7 +2,7 @@
 
     python -m experiments.run_grid experiments/grids/table1.py --root runs/table1 \
         [--scale tiny] [--seeds 0,1] [--parallel 2] [--set train.steps=200 ...] \
-        [--only NAME,...] [--dry_run] [--worker N]
+        [--only NAME,...] [--dry_run] [--worker N] [--slice NAME]
 
 Each run trains with `python -m gated_attention.main --config=configs/ablation.py:arch=..,
 variant=.. --workdir=<root>/<run> --config.x=y ...` in a subprocess, then is analysed with
@@ -26,6 +26,10 @@ run needs every worker, but only worker 0 writes into the root (status files, ru
 and only worker 0 analyses a run (a single-host job that writes into the run's workdir); the
 others meanwhile wait to join the next run (launch_grid.sh gives them an hour). Other workers
 read the status files to make the same plan, and keep their logs in the local spool.
+
+With `--slice NAME` several slices share one grid root: each takes the next pending run by
+a claim in the bucket that two slices cannot both win (see run_claimed), and analysis waits
+until nothing is left to train.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import shlex
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -50,9 +55,13 @@ from etils import epath
 
 from experiments import grid_lib
 from gated_attention import paths
+from gated_attention.pods import claims
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_FILE = REPO_ROOT / "configs" / "ablation.py"
+# As recorded in commands: relative to the repository (commands run there), so a grid can be
+# relaunched from another checkout path.
+CONFIG_ARG = "configs/ablation.py"
 TRAIN_COMMAND = "{python} -m gated_attention.main --config={config} --workdir={workdir} {overrides}"
 ANALYZE_COMMAND = "{python} -m gated_attention.analyze --workdir={workdir}"
 STATUS_DIR, LOG_DIR, MANIFEST = "_status", "_logs", "runs.json"
@@ -91,7 +100,7 @@ def commands(run: grid_lib.Run, root: paths.PathLike, scale: str, settings: Mapp
     overrides = grid_lib.run_overrides(run, scale, settings)
     fields = {
         "python": shlex.quote(sys.executable),
-        "config": shlex.quote(f"{CONFIG_FILE}:arch={run.arch},variant={run.variant}"),
+        "config": shlex.quote(f"{CONFIG_ARG}:arch={run.arch},variant={run.variant}"),
         "workdir": shlex.quote(f"{os.fspath(root).rstrip('/')}/{run.name}"),
         # "{root}" in a value names the grid root (e.g. train.init_from of a continued run).
         "overrides": " ".join(shlex.quote(f"--config.{k}={_format_value(v)}".replace(
@@ -220,7 +229,8 @@ def _tail(path: paths.PathLike, lines: int = 20) -> str:
 
 def execute(run: grid_lib.Run, place: GridPlace, train_cmd: list[str],
             analyze_cmd: list[str] | None,
-            previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
+            previous: Mapping[str, Any] | None = None, final_state: str = "done"
+            ) -> dict[str, Any]:
     """Train (resuming if interrupted) and analyse one run; returns its final status.
 
     `previous` is the run's status when the grid was planned (every worker decides from the
@@ -245,7 +255,7 @@ def execute(run: grid_lib.Run, place: GridPlace, train_cmd: list[str],
             return status
         if kind == "train":
             status["trained"] = True
-    status.update(state="done", error=None, log_tail=None, finished=_now())
+    status.update(state=final_state, error=None, log_tail=None, finished=_now())
     write_status(place, run.name, status)
     return status
 
@@ -256,7 +266,9 @@ def check_unchanged(root: epath.Path, run: grid_lib.Run, train_cmd: list[str],
     old = read_status(root, run.name) if old is None else old
 
     def config_args(cmd: Sequence[str]) -> list[str]:  # what decides the run, not the python
-        return [a for a in cmd if a.startswith("--config")]
+        # a config file recorded with an absolute path (older grids) is the repository's
+        return [re.sub(r"^--config=.*/configs/", "--config=configs/", a)
+                for a in cmd if a.startswith("--config")]
 
     if old and old.get("train_command") and config_args(old["train_command"]) != config_args(
             train_cmd):
@@ -276,6 +288,81 @@ def write_manifest(root: epath.Path, grid: str, scale: str, runs: Sequence[grid_
         manifest["runs"][run.name] = {**run.to_dict(),
                                       "overrides": grid_lib.run_overrides(run, scale, settings)}
     paths.write_atomic(path, json.dumps(manifest, indent=2) + "\n")
+
+
+CLAIM_DIR = "_claims"
+CLAIM_POLL_SECONDS = 5.0
+
+
+def _claim_path(root: epath.Path, name: str) -> str:
+    return os.fspath(root / CLAIM_DIR / f"{name}.json")
+
+
+def _holder(root: epath.Path, name: str) -> str | None:
+    record = claims.read_claim(_claim_path(root, name))
+    return None if record is None else record.get("holder")
+
+
+def run_claimed(plan: Sequence[tuple[grid_lib.Run, list[str], list[str] | None]],
+                place: GridPlace, slice_name: str, poll_s: float = CLAIM_POLL_SECONDS) -> int:
+    """Train the runs this slice claims, sharing the grid with other slices; then analyse.
+
+    Worker 0 first resumes a run its slice already holds (an interrupted attempt), else
+    claims the next pending run (`<root>/_claims/<run>.json`, created only if absent: two
+    slices cannot both win it). Its other workers follow: they run the first run held by
+    their slice that is neither trained nor done (nor trained in this invocation), and stop
+    once every pending run is claimed. Analysis is not between trainings (the other workers
+    would wait in lock-step): once nothing is left to claim, worker 0 analyses the trained
+    runs, each behind its own claim (`<run>.analysis.json`), while the others have left.
+    """
+    root, finished_here, failed = place.root, set(), []
+    while True:
+        claims.invalidate_listings()
+        statuses = {r.name: read_status(root, r.name) or {} for r, _, _ in plan}
+        pending = [p for p in plan if not statuses[p[0].name].get("trained")
+                   and statuses[p[0].name].get("state") != "done"]
+        mine = next((p for p in pending if p[0].name not in finished_here
+                     and _holder(root, p[0].name) == slice_name), None)
+        if mine is None and place.writes_root:
+            mine = next((p for p in pending if p[0].name not in finished_here
+                         and claims.try_claim(_claim_path(root, p[0].name), slice_name,
+                                              run=p[0].name)), None)
+            if mine is not None:
+                print(f"{slice_name}: claimed {mine[0].name}", flush=True)
+        if mine is None:
+            if place.writes_root or all(_holder(root, p[0].name) for p in pending):
+                break
+            time.sleep(poll_s)  # worker 0 of this slice is about to claim the next run
+            continue
+        run, train_cmd, analyze_cmd = mine
+        # "trained": analysed once nothing is left to train (else "done" at once)
+        later = analyze_cmd is not None and place.writes_root
+        status = execute(run, place, train_cmd, None, statuses[run.name],
+                         final_state="trained" if later else "done")
+        finished_here.add(run.name)
+        print(f"[{status['state']}] {run.name}" + (f": {status['error']}" if status.get(
+            "error") else ""), flush=True)
+        if status["state"] not in ("done", "trained"):
+            failed.append(run.name)
+    if place.writes_root:
+        for run, train_cmd, analyze_cmd in plan:
+            status = read_status(root, run.name) or {}
+            if analyze_cmd is None or status.get("state") != "trained":
+                continue
+            analysis_claim = _claim_path(root, f"{run.name}.analysis")
+            record = claims.read_claim(analysis_claim)
+            if (record or {}).get("holder") != slice_name and not claims.try_claim(
+                    analysis_claim, slice_name, run=run.name):
+                continue
+            status = execute(run, place, train_cmd, analyze_cmd, status)
+            print(f"[{status['state']}] {run.name} (analysis)", flush=True)
+            if status["state"] != "done":
+                failed.append(run.name)
+    if failed:
+        print(f"{len(failed)} run(s) failed on {slice_name} (logs in {place.log_dir}): "
+              + ", ".join(failed))
+        return 1
+    return 0
 
 
 def _default_worker(parser: argparse.ArgumentParser) -> int:
@@ -313,7 +400,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--local_logs", default=DEFAULT_LOCAL_LOGS,
                         help="local folder for command output when the root is remote or the "
                              "worker is not 0 (a subfolder per root)")
+    parser.add_argument("--slice", default="",
+                        help="share the grid with other slices: take runs by claim in the "
+                             "root, as this slice (e.g. its TPU name); see run_claimed")
     args = parser.parse_args(argv)
+    if args.slice and not re.fullmatch(r"[A-Za-z0-9._-]+", args.slice):
+        parser.error(f"--slice={args.slice!r} may only hold letters, digits, '.', '-', '_'")
     worker = _default_worker(parser) if args.worker is None else args.worker
     if worker < 0:
         parser.error(f"--worker={worker} must be >= 0")
@@ -363,6 +455,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_unchanged(root, run, train_cmd, statuses[run.name] or {})
     if place.writes_root:
         write_manifest(root, str(args.grid), args.scale, runs, settings)
+    if args.slice:
+        if args.parallel > 1:
+            parser.error("--slice runs one run at a time on its slice: use --parallel 1")
+        return run_claimed(plan, place, args.slice)
     todo = [p for p in plan if (statuses[p[0].name] or {}).get("state") != "done"]
     print(f"{len(plan)} runs in {root}: {len(plan) - len(todo)} done, {len(todo)} to run")
     if not place.writes_root:

@@ -343,6 +343,10 @@ def train_section() -> ml_collections.ConfigDict:
         # every telemetry_every updates, into metrics.jsonl (kind "telemetry") and
         # TensorBoard; 0 = off.
         telemetry_every=100,
+        # Several hosts: a worker whose step (with its eval and checkpoint) takes longer than
+        # step_timeout_s (the first step, with the compile: first_step_timeout_s) prints its
+        # stack and exits 75, e.g. when another worker died (gated_attention/watchdog.py).
+        step_timeout_s=900.0, first_step_timeout_s=3600.0,
     ))
 
 
@@ -686,6 +690,9 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
     every = train.get("telemetry_every", 0)
     _check(isinstance(every, int) and not isinstance(every, bool) and every >= 0,
            f"train.telemetry_every={every!r} must be an integer >= 0 (0 = off)")
+    for name in ("step_timeout_s", "first_step_timeout_s"):
+        _check(train.get(name, 0.0) >= 0,
+               f"train.{name}={train.get(name)} must be >= 0 seconds (0 turns the watchdog off)")
 
     _check(opt.peak_lr > 0, f"optimizer.peak_lr={opt.peak_lr} must be > 0")
     _check(0 <= opt.final_lr <= opt.peak_lr,

@@ -41,6 +41,7 @@ from gated_attention import (
     sharding,
 )
 from gated_attention import metrics_writer as metrics_lib
+from gated_attention import watchdog as watchdog_lib
 from gated_attention import workdir as workdir_lib
 from gated_attention.model import Transformer
 from gated_attention.workdir_lock import WorkdirLock
@@ -565,6 +566,9 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
     loop_start = time.perf_counter()
     own_stop = stop is None
     stop = interrupts.StopRequest().install() if own_stop else stop
+    # Several hosts: a step that hangs on a dead peer ends this process with its stack.
+    watchdog = watchdog_lib.for_run(train_cfg, jax.process_count())
+    watchdog.arm(start, first=True)
     try:
         for step in range(start, end):
             batch = distributed.global_batch(next(run.inputs.train), run.data_sharding,
@@ -605,7 +609,9 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
             if stopping:
                 stopped_by = stop.signal_name
                 break
+            watchdog.arm(done)
     finally:
+        watchdog.disarm()
         if own_stop:
             stop.uninstall()
         if bar is not None:

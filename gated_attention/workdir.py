@@ -29,6 +29,10 @@ from gated_attention import paths
 from gated_attention.workdir_lock import LOCK_FILE, WorkdirLock
 
 CONFIG_FILE = "config.json"
+# Folders the pod tools write beside a run's own files, possibly before its first start: the
+# workers' logs (gated_attention.pods.worker_log) and the supervisor's event log. They do not
+# make a workdir someone else's.
+POD_FOLDERS = ("logs", "supervisor")
 
 
 class WorkdirError(RuntimeError):
@@ -158,7 +162,8 @@ def _steps_only_grow(differences: dict[str, tuple[Any, Any]]) -> bool:
 def _inspect(root: epath.Path, wanted: dict[str, Any]) -> tuple[str, str]:
     """("resume" | "extend" | "new", why the workdir must not be used as it is, or "")."""
     _check_path(root)
-    if not (root.exists() and any(p.name != LOCK_FILE for p in root.iterdir())):
+    if not (root.exists() and any(p.name not in (LOCK_FILE, *POD_FOLDERS)
+                                  for p in root.iterdir())):
         return "new", ""
     saved_file = root / CONFIG_FILE
     if not saved_file.exists():

@@ -25,7 +25,8 @@ LOCATION = ["--project=my-proj", "--zone=us-central2-b"]
 SCRIPT_ARGS = {"create.sh": [], "setup.sh": [], "teardown.sh": ["--yes"],
                "launch.sh": ["--name", "r1"], "logs.sh": ["--name", "r1"],
                "launch_grid.sh": ["--grid", "experiments/grids/table1.py", "--name", "t1"],
-               "gke_launch.sh": ["--name", "r1"]}
+               "gke_launch.sh": ["--name", "r1"],
+               "supervise.sh": ["--name", "r1"]}  # its loop: tests/test_supervisor.py
 
 
 @pytest.fixture(autouse=True)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run a whole experiments grid on the pod, one run after another (experiments.run_grid), every
 # worker taking part in each run; results under $BUCKET/grids/NAME.
-#   tpu_scripts/launch_grid.sh --grid experiments/grids/table1.py --name NAME
-#       [--config PATH] [--dry-run] [-- --scale small --seeds 0,1 ...]
+#   tpu_scripts/launch_grid.sh --grid experiments/grids/table1.py --name NAME [--claim]
+#       [--no-preflight] [--config PATH] [--dry-run] [-- --scale small --seeds 0,1 ...]
 # Flags after `--` go to `python -m experiments.run_grid`. First, here and before touching the
 # pod, every distinct run config of the grid (seeds aside) is checked and compiled for
 # TPU_TYPE (python -m gated_attention.preflight); one refusal stops the launch with its error.
@@ -10,11 +10,16 @@
 # from their checkpoints.
 # Each worker asks the TPU VM metadata server for its worker number and passes it as --worker:
 # all workers launch the same commands, only worker 0 writes status files and logs to $BUCKET.
+# --claim: several slices (one settings file each, same BUCKET and NAME) share the grid: each
+# takes the next pending run by a claim in the bucket that two slices cannot both win, and
+# analyses once nothing is left to train (experiments.run_grid --slice $TPU_NAME).
+# --no-preflight: skip the compile (a relaunch of what was checked, or a type it cannot
+# compile for).
 # shellcheck source=common.sh
 source "$(cd "${BASH_SOURCE[0]%/*}" && pwd)/common.sh"
 parse_common_flags "$@"
-FLAG_name="" FLAG_grid=""
-parse_flags name grid
+FLAG_name="" FLAG_grid="" FLAG_claim=0 FLAG_no_preflight=0
+parse_flags name grid claim! no-preflight!
 load_settings
 require BUCKET TPU_TYPE
 check_name --name "$FLAG_name"
@@ -45,6 +50,7 @@ while IFS= read -r line; do
   done
   [[ -n "${seen[$key]:-}" ]] && continue
   seen[$key]=1
+  ((FLAG_no_preflight)) && continue
   preflight_or_die "configs/ablation.py:$config" "${overrides[@]+"${overrides[@]}"}"
 done <<<"$planned"
 
@@ -56,6 +62,7 @@ worker_id="curl -sf -H 'Metadata-Flavor: Google' $metadata/agent-worker-number"
 grid_worker=' --worker "$GATED_ATTENTION_WORKER_ID"'
 grid=".venv/bin/python -m experiments.run_grid $(printf '%q' "$FLAG_grid")"
 grid+=" --root $(printf '%q' "$root") --parallel 1$grid_worker$(quoted_passthrough)"
+((FLAG_claim)) && grid+=" --slice $(printf '%q' "$TPU_NAME")"
 log="$REMOTE_LOGS/grid-$FLAG_name.log"
 # Every worker: its number from the metadata server (or stop with a message, launching
 # nothing), then the grid runner in the background (setsid + nohup: it survives the ssh connection).

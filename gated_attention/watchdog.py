@@ -1,0 +1,86 @@
+"""A step watchdog: a multi-host run whose step stops making progress ends, with its stack.
+
+When one worker of a multi-process job dies (kill -9, a kernel OOM), the others wait in the
+next collective for a peer that will never come. jax.distributed's own heartbeat (0.10:
+`heartbeat_timeout_seconds`, 100 s by default, not exposed by this project's start-up)
+ends them eventually, with a C++ fatal error and no Python stack. This watchdog ends them
+sooner and says where they were: armed before the first step (`first_timeout`, which also
+covers the compile) and re-armed after every step of the loop (`timeout`, which covers the
+step, its evaluation and its checkpoint), it prints every thread's Python stack and exits
+with EXIT_CODE (75, "try again"), which the supervisor answers by launching again: the run
+resumes from its last checkpoint.
+
+It runs in a Python thread; `faulthandler.dump_traceback_later` (a C thread, which also
+works while a C call holds the interpreter lock) backs it up 10 s later (exit code 1).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import io
+import os
+import sys
+import threading
+import traceback
+
+EXIT_CODE = 75  # EX_TEMPFAIL: a worker stuck on a dead peer; launching again resumes the run
+BACKUP_DELAY_S = 10.0
+
+
+class StepWatchdog:
+    def __init__(self, timeout: float, first_timeout: float, *, exit_code: int = EXIT_CODE,
+                 exit_fn=os._exit) -> None:
+        self.timeout, self.first_timeout = float(timeout), float(first_timeout)
+        self.exit_code, self._exit = exit_code, exit_fn
+        self._timer: threading.Timer | None = None
+        self.step = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.timeout > 0
+
+    def _fire(self, seconds: float) -> None:
+        faulthandler.cancel_dump_traceback_later()  # this thread runs: no need of the backup
+        print(f"\nWatchdog: no progress for {seconds:g} s after step {self.step} (a worker of "
+              "this job is likely dead or stuck); the stack of every thread follows. Exiting "
+              f"with {self.exit_code}: launching again resumes from the last checkpoint.",
+              file=sys.stderr, flush=True)
+        try:
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        except (io.UnsupportedOperation, AttributeError, ValueError):  # no file descriptor
+            for ident, frame in sys._current_frames().items():
+                print(f"Thread {ident:#x}:\n{''.join(traceback.format_stack(frame))}",
+                      file=sys.stderr)
+        sys.stderr.flush()
+        self._exit(self.exit_code)
+
+    def arm(self, step: int, first: bool = False) -> None:
+        """(Re)start the countdown: `first_timeout` before the first step, else `timeout`."""
+        if not self.enabled:
+            return
+        self.disarm()
+        self.step = step
+        seconds = self.first_timeout if first else self.timeout
+        self._timer = threading.Timer(seconds, self._fire, args=(seconds,))
+        self._timer.daemon = True
+        self._timer.start()
+        faulthandler.dump_traceback_later(seconds + BACKUP_DELAY_S, exit=True,
+                                          file=sys.__stderr__)
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            faulthandler.cancel_dump_traceback_later()
+
+    def __enter__(self) -> StepWatchdog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.disarm()
+
+
+def for_run(train_cfg, process_count: int) -> StepWatchdog:
+    """The watchdog of a run: on only when several processes can wait on each other."""
+    timeout = float(train_cfg.get("step_timeout_s", 0.0)) if process_count > 1 else 0.0
+    return StepWatchdog(timeout, float(train_cfg.get("first_step_timeout_s", 0.0)) or timeout)

@@ -1,0 +1,122 @@
+"""A grid spread over two slices, each supervised: every run once, no run claimed twice.
+
+Claims are objects created only if absent (generation precondition 0) in a real GCS API
+server on loopback; the slices are the stand-in gcloud's (see tests/test_supervisor.py).
+The grid's training command is replaced (run_grid's --command) by a short stand-in that
+every worker runs and that records each finished attempt in the run's workdir: the grid
+machinery, the claims, the supervisors and the preemption are what is tested here.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from gcs_server import gcs_bucket  # noqa: F401  (fixture)
+from test_supervisor import Pod, bucket_objects, fresh, supervisor_output, wait_for
+
+from experiments import run_grid
+from gated_attention.pods import claims
+
+
+def test_of_many_racing_claims_exactly_one_wins(tmp_path, gcs_bucket):  # noqa: F811
+    """Threads and processes race for the same claims, in the bucket and on a local disk."""
+    path = f"{gcs_bucket}/race/_claims/run-a.json"
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        won = list(pool.map(lambda i: claims.try_claim(path, f"slice-{i}"), range(8)))
+    assert sum(won) == 1
+    assert claims.read_claim(path)["holder"] == f"slice-{won.index(True)}"
+    racers = [subprocess.Popen([sys.executable, "-c",
+                                "import sys; from gated_attention.pods import claims; "
+                                f"print(claims.try_claim({path[:-6] + 'b.json'!r}, sys.argv[1]))",
+                                f"proc-{i}"], stdout=subprocess.PIPE, text=True)
+              for i in range(3)]
+    assert sorted(r.communicate(timeout=120)[0].strip() for r in racers) == [
+        "False", "False", "True"]
+    local = tmp_path / "_claims" / "run-a.json"
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        won = list(pool.map(lambda i: claims.try_claim(local, f"slice-{i}"), range(8)))
+    assert sum(won) == 1 and claims.read_claim(local)["holder"] == f"slice-{won.index(True)}"
+    assert claims.read_claim(tmp_path / "_claims" / "nobody.json") is None
+
+
+def test_config_paths_are_recorded_relative_to_the_repository(tmp_path):
+    run = run_grid.grid_lib.grid_runs("experiments/grids/smoke.py", "tiny", [0])[0]
+    train_cmd, _ = run_grid.commands(run, tmp_path, "tiny", {})
+    (config,) = [a for a in train_cmd if a.startswith("--config=")]
+    assert config.startswith("--config=configs/ablation.py:arch=")
+    # a grid recorded by an older version (absolute path of another checkout) is the same
+    old = {"train_command": [a.replace("--config=configs/", "--config=/elsewhere/configs/")
+                             for a in train_cmd]}
+    run_grid.check_unchanged(tmp_path, run, train_cmd, old)
+
+
+# Each worker's stand-in training: a few seconds of "steps", then one line per finished
+# attempt in the run's workdir (worker and slice named); SIGTERM ends it unfinished.
+FAKE_TRAIN = "{python} -c " + shlex.quote(
+    "import os, sys, time; from gated_attention import paths; time.sleep(3); "
+    "paths.write_atomic(sys.argv[1] + '/finished-' + os.environ['TPU_WORKER_ID'] + '-' + "
+    "str(time.time_ns()), os.environ['GCLOUD_STANDIN_VM'])").replace(
+    "{", "{{").replace("}", "}}") + " {workdir}"
+
+
+@pytest.mark.slow
+def test_a_grid_on_two_slices_one_preempted_finishes_every_run_once(tmp_path,
+                                                                   gcs_bucket):  # noqa: F811
+    pods = [Pod(tmp_path / name, gcs_bucket, name=name) for name in ("slice-a", "slice-b")]
+    grid = "experiments/grids/smoke.py"
+    root = f"{gcs_bucket}/ga/grids/g"
+    flags = ["--grid", grid, "--name", "g", "--claim", "--poll", "0.5", "--max-restarts", "3",
+             "--", "--seeds", "0,1", "--command", FAKE_TRAIN, "--analyze_command",
+             "{python} -c pass"]
+    runs = run_grid.grid_lib.grid_runs(grid, "tiny", [0, 1])
+    assert len(runs) == 4
+    procs = [pod.supervise(*flags, wait=False) for pod in pods]
+    try:
+        # slice-a is preempted while it trains a run it claimed
+        wait_for(lambda: _has_training(pods[0]), 240, "slice-a to train a claimed run",
+                 on_timeout=lambda: supervisor_output(pods[0]))
+        time.sleep(1.0)
+        pods[0].admin("preempt", "slice-a")
+        codes = [p.wait(timeout=400) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert codes == [0, 0], supervisor_output(pods[0]) + supervisor_output(pods[1])
+    fresh()
+    holders = {r.name: claims.read_claim(f"{root}/_claims/{r.name}.json")["holder"]
+               for r in runs}
+    assert set(holders.values()) <= {"slice-a", "slice-b"}
+    for run in runs:
+        finished = [p for p in bucket_objects(f"{root}/{run.name}") if "/finished-" in p]
+        workers = sorted(p.rsplit("/finished-", 1)[1].split("-")[0] for p in finished)
+        assert workers == ["0", "1"], (run.name, finished)  # each worker finished it once
+        status = run_grid.read_status(run_grid.paths.resolve(root), run.name)
+        assert status["state"] == "done", status
+    events = [json.loads(line) for line in run_grid.paths.resolve(
+        f"{root}/supervisor/slice-a.events.jsonl").read_text().splitlines()]
+    assert [e["action"] for e in events].count("recreate") == 1
+    manifest = json.loads(run_grid.paths.resolve(f"{root}/runs.json").read_text())
+    assert sorted(manifest["runs"]) == sorted(r.name for r in runs)  # the summary is complete
+
+
+def _has_training(pod: Pod) -> bool:
+    """A worker of the pod runs a training command (the stand-in's `python -c` program, not
+    the grid runner or a shell whose command line merely names it)."""
+    out = subprocess.run(["pgrep", "-f", "finished-"], capture_output=True, text=True).stdout
+    for pid in out.split():
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (f"GCLOUD_STANDIN_VM={pod.name}".encode() in env and argv[1:2] == [b"-c"]
+                and b"finished-" in argv[2]):
+            return True
+    return False
