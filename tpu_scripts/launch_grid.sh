@@ -75,4 +75,8 @@ remote+=" setsid nohup $grid > $log 2>&1 < /dev/null &"
 remote+=" else echo \"error: \$(hostname): no worker number from the TPU metadata server\" >&2;"
 remote+=" exit 1; fi"
 tpu_ssh all "$remote"
-echo "# Started grid $FLAG_name on every worker; results in $root, log $log." >&2
+if ((DRY_RUN)); then
+  echo "# Would start grid $FLAG_name on every worker; results in $root, log $log." >&2
+else
+  echo "# Started grid $FLAG_name on every worker; results in $root, log $log." >&2
+fi
