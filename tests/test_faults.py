@@ -66,6 +66,7 @@ def assert_same_run(run_dir, reference_dir):
 
 # ----------------------------------------------------------------------------- kill -9
 
+@pytest.mark.slow
 def test_kill_9_at_any_moment_then_resume_equals_an_uninterrupted_run(reference):
     """Three workers killed at once: right after a checkpoint (its write in flight), inside
     the final evaluation, and at a random moment; each run, resumed, equals the reference."""

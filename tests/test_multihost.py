@@ -83,6 +83,7 @@ def finish(procs: list[subprocess.Popen], logs: Path) -> list[dict]:
             for i in range(len(procs))]
 
 
+@pytest.mark.slow
 def test_two_processes_agree_with_one_process(tmp_path):
     """Two processes of 4 devices train like one process of 8, in two set-ups (one start):
 

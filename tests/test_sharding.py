@@ -201,6 +201,7 @@ def test_sharded_loss_and_grads_equal_single_device(mesh_shape, single_device_re
 
 # ----------------------------------------------------------------------------- checkpoints
 
+@pytest.mark.slow
 def test_checkpoint_saved_on_one_mesh_restores_on_others(tmp_path):
     config = worker.tiny_config(mesh_dict((2, 4, 1)))
     _, state, _, _ = worker.train_steps(config, 2)
