@@ -11,7 +11,7 @@ HASH := $(shell cat setup.cfg pyproject.toml | cksum | cut -d' ' -f1)
 CORE_STAMP := $(VENV)/.core-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: install install-test demo test lint bench tables clean-venv
+.PHONY: install install-test demo test test-fast lint bench tables clean-venv
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,7 +51,11 @@ lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 
 test: $(TEST_STAMP) lint
-	$(PY) -m pytest -q -n 2 --dist=loadfile tests
+	$(PY) -m pytest -q -rs -n 2 --dist=loadfile tests
+
+# The development loop: the suite without the tests marked slow (the longer trainings).
+test-fast: $(TEST_STAMP)
+	$(PY) -m pytest -q -rs -n 2 --dist=loadfile -m "not slow" tests
 
 bench: $(CORE_STAMP)
 	$(PY) benchmarks/train_step.py

@@ -11,7 +11,6 @@ from typing import Any
 
 import jax
 import optax
-from flax import nnx
 
 NO_DECAY_NAMES = ("theta", "sink_logits", "scale", "bias")
 
@@ -47,7 +46,3 @@ def make_optimizer(opt: Any, total_steps: int) -> optax.GradientTransformation:
                         weight_decay=opt.weight_decay, mask=decay_mask)
     parts = [optax.clip_by_global_norm(opt.clip_norm)] if opt.clip_norm > 0 else []
     return optax.chain(*parts, adamw)
-
-
-def param_state(model: nnx.Module) -> nnx.State:
-    return nnx.state(model, nnx.Param)

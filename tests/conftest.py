@@ -1,4 +1,10 @@
-"""Test set-up: eight fake CPU devices, cheap compiles, float64 for the references."""
+"""Test set-up: eight fake CPU devices, cheap compiles, and 64-bit only where a test asks.
+
+Tests run the program users run: jax's default 32-bit mode. A test that compares against a
+float64 reference computed with jax requests the `x64` fixture (or a module sets
+`pytestmark = pytest.mark.usefixtures("x64")`); pyproject.toml turns jax's "float64 is not
+available" warning into an error, so a float64 reference silently truncated to float32 fails.
+"""
 
 import os
 
@@ -17,16 +23,38 @@ from gated_attention import cuda_compile  # noqa: E402
 
 cuda_compile.enable()  # the GPU-target compiles need jax's CUDA plugin, loaded at jax's import
 
-import jax  # noqa: E402
-
-jax.config.update("jax_enable_x64", True)
-
+import importlib.util  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # test helpers such as numpy_reference
 
 import pytest  # noqa: E402
+
+# Optional packages some tests need; `make install-test` installs all of them.
+OPTIONAL = {
+    "libtpu": "compiles for TPU targets on this CPU host (deviceless topologies)",
+    "seqio": "the seqio extra (pip install -e '.[seqio]')",
+}
+
+
+def pytest_runtest_setup(item):
+    """One rule for optional packages: a test that needs one carries `@pytest.mark.needs(name)`
+    and, when the package is missing, is skipped with the reason (counted on the summary line;
+    `-rs` lists them). No test that needs nothing optional is ever skipped for it."""
+    for mark in item.iter_markers("needs"):
+        (name,) = mark.args
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(f"needs the optional package {name}: {OPTIONAL[name]}")
+
+
+@pytest.fixture
+def x64():
+    """jax_enable_x64 on for this one test (float64 references), off again after it."""
+    with jax.enable_x64(True):
+        yield
 
 
 @pytest.fixture

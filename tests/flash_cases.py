@@ -91,14 +91,15 @@ def _value_and_grads(attention_fn, case: Case, inputs: dict, kwargs: dict):
     return out, grads
 
 
-def errors(attention_fn, case: Case, seed: int = 0, x64: bool = True,
+def errors(attention_fn, case: Case, seed: int = 0, x64: bool = False,
            **kwargs) -> dict[str, float]:
     """Relative max errors of the output and every gradient vs the float64 reference.
 
-    x64=False traces and runs the kernel with jax_enable_x64 off (jax's splash kernel does not
-    trace under it); the reference always runs in float64.
+    The kernel traces and runs in jax's default 32-bit mode, as users run it (x64=True: with
+    jax_enable_x64 on instead); the reference always runs in float64.
     """
-    inputs = make_inputs(case, seed)
+    with jax.enable_x64(True):
+        inputs = make_inputs(case, seed)
     with jax.enable_x64(x64):
         kernel_inputs = inputs if x64 else jax.tree.map(
             lambda x: x if x is None or x.dtype != jnp.float64 else x.astype(jnp.float32),
@@ -106,9 +107,11 @@ def errors(attention_fn, case: Case, seed: int = 0, x64: bool = True,
         compiled = jax.jit(lambda x: _value_and_grads(attention_fn, case, x, kwargs)).lower(
             kernel_inputs).compile(compiler_options=FAST_COMPILE)
         out, grads = compiled(kernel_inputs)
-    as64 = {n: (v if v is None or n in ("segment_ids", "probe") else v.astype(jnp.float64))
-            for n, v in inputs.items()}
-    ref_out, ref_grads = _value_and_grads(reference.attention, case, as64, {})
+    with jax.enable_x64(True):
+        as64 = {n: (v if v is None or n in ("segment_ids", "probe") else v.astype(jnp.float64))
+                for n, v in inputs.items()}
+        ref_out, ref_grads = _value_and_grads(reference.attention, case, as64, {})
+        assert ref_out.dtype == jnp.float64
     result = {"out": _rel(out, ref_out)}
     result.update({f"d{n}": _rel(grads[n], ref_grads[n]) for n in grads})
     return result
@@ -123,7 +126,7 @@ def _rel(x: jax.Array, ref: jax.Array) -> float:
 # ----------------------------------------------------------------------------- one per backend
 
 
-def check_case(attention_fn, case: Case, x64: bool = True) -> None:
+def check_case(attention_fn, case: Case, x64: bool = False) -> None:
     """Output and gradients within the case's tolerance of the float64 reference."""
     errs = errors(attention_fn, case, x64=x64,
                   block_sizes=dict(block_q=case.block_q, block_kv=case.block_kv))
@@ -237,7 +240,6 @@ def tpu_compiled_text(topology: str, *, impl: str = "pallas_tpu", normalizer: st
         return jax.grad(lambda d: loss({**args, **d}))(
             {n: args[n] for n in differentiable if args[n] is not None})
 
-    # jax's splash kernel does not trace with jax_enable_x64 on (the tests' default)
-    with ops.compiling_for("tpu"), jax.set_mesh(mesh), jax.enable_x64(impl != "splash"):
+    with ops.compiling_for("tpu"), jax.set_mesh(mesh):
         compiled = jax.jit(step).lower(args).compile()
     return compiled.as_text()

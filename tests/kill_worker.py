@@ -4,9 +4,11 @@
 
 MOMENT: `after_checkpoint:N` (just after the save of step N returns, its write possibly
 still in flight), `final_eval` (inside the last held-out evaluation), or `random:SECONDS`
-(at a uniformly random time within SECONDS of the first training batch). jax runs with the
-settings of tests/conftest.py (float64 enabled, 8 fake devices, the same compile flags) so
-that the compiled steps, and so the numbers, equal those of the test process.
+(at a uniformly random time within SECONDS of the first training batch; a run that reaches
+its final evaluation first waits there for the kill, so the kill always lands before the run
+ends). jax runs with the settings of tests/conftest.py (32-bit, 8 fake devices, the same
+compile flags) so that the compiled steps, and so the numbers, equal those of the test
+process.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import conftest  # noqa: E402,F401  (jax flags and float64, as in the test process)
+import conftest  # noqa: E402,F401  (jax flags, as in the test process)
 import jax  # noqa: E402
 import ml_collections  # noqa: E402
 
@@ -69,6 +71,17 @@ def main(config_json: str, workdir: str, moment: str) -> None:
 
         timers: list[threading.Timer] = []
         train.distributed.global_batch = start_timer_then_batch
+        evaluate = train.evaluate
+
+        def final_eval_waits_for_the_kill(eval_fn, params, batches):
+            calls.append(1)
+            if len(calls) == config.train.steps // config.train.eval_every:
+                print("reached the final evaluation before the kill: waiting", flush=True)
+                threading.Event().wait()
+            return evaluate(eval_fn, params, batches)
+
+        calls = []
+        train.evaluate = final_eval_waits_for_the_kill
     else:
         raise SystemExit(f"unknown moment {moment!r}")
     train.run(config, workdir, progress=False, devices=jax.devices()[:1])

@@ -227,3 +227,72 @@ def attention_layer_beyond(x, params, variant, *, positions, segment_ids=None, q
     if "dense_output" in gates:
         out = apply_gate_beyond(out, x, gates["dense_output"], variant)
     return out
+
+
+# ------------- Switch-Head projections and the decoder block (Tables 2 and 6) -------------
+
+
+def silu(x):
+    return x * sigmoid(x)
+
+
+def switch_projection(x, experts, router, top_k):
+    """Switch-Head (Csordas et al. 2023) for one of k/v: x [b, s, D], experts [E, D, kv, d],
+    router [D, kv, E]. Per token and kv head, sigmoid(x R) scores the E experts, all but the
+    top_k largest are dropped, and the output is the score-weighted sum of x W_e."""
+    num_experts = experts.shape[0]
+    scores = sigmoid(np.einsum("bsD,DkE->bskE", x, router))
+    if top_k < num_experts:
+        kth_largest = np.sort(scores, axis=-1)[..., num_experts - top_k]
+        scores = np.where(scores >= kth_largest[..., None], scores, 0.0)
+    out = np.zeros(x.shape[:2] + experts.shape[2:])
+    for e in range(num_experts):
+        out += scores[..., e, None] * np.einsum("bsD,Dkd->bskd", x, experts[e])
+    return out
+
+
+def switch_attention_layer(x, params, *, top_k, switch_target, positions, segment_ids=None):
+    """Softmax attention without gates whose v (switch_target "v") or k and v ("kv") are
+    Switch-Head projections: params["k_proj"] / params["v_proj"] are then dicts holding
+    "experts" and "router"."""
+    def project(name):
+        p = params[name]
+        if isinstance(p, dict):
+            return switch_projection(x, p["experts"], p["router"], top_k)
+        return np.einsum("bsD,Dhd->bshd", x, p)
+
+    assert isinstance(params["v_proj"], dict) and (
+        isinstance(params["k_proj"], dict) == (switch_target == "kv"))
+    q, k, v = project("q_proj"), project("k_proj"), project("v_proj")
+    q, k = rms(q) * params["q_norm"], rms(k) * params["k_norm"]
+    q, k = rope(q, positions), rope(k, positions)
+    out = sdpa(q, k, v, causal=True, segment_ids=segment_ids)
+    return np.einsum("bshd,hdD->bsD", out, params["o_proj"])
+
+
+def swiglu(x, gate_proj, up_proj, down_proj):
+    return (silu(x @ gate_proj) * (x @ up_proj)) @ down_proj
+
+
+def decoder_block(x, params, variant, *, positions, segment_ids=None, sandwich_norm=False):
+    """Pre-norm block x + attn(norm(x)), then x + ffn(norm(x)); with sandwich norm each
+    branch's output is RMS-normalised (its own scale) before it joins the residual stream."""
+    attn = attention_layer(rms(x) * params["attn_norm"], params["attention"], variant,
+                           positions=positions, segment_ids=segment_ids)
+    if sandwich_norm:
+        attn = rms(attn) * params["post_attn_norm"]
+    x = x + attn
+    ffn = swiglu(rms(x) * params["ffn_norm"], *params["ffn"])
+    if sandwich_norm:
+        ffn = rms(ffn) * params["post_ffn_norm"]
+    return x + ffn
+
+
+def numerical_gradient(f, x, eps=1e-6):
+    """Central differences of the scalar f at x (float64), one coordinate at a time."""
+    grad = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        step = np.zeros_like(x)
+        step[i] = eps
+        grad[i] = (f(x + step) - f(x - step)) / (2 * eps)
+    return grad

@@ -31,7 +31,7 @@ def test_matches_float64_reference(case: Case):
     flash_cases.check_case(_chunked, case)
 
 
-def test_queries_shorter_than_keys_and_the_dispatcher_match_the_reference():
+def test_queries_shorter_than_keys_and_the_dispatcher_match_the_reference(x64):
     rng = np.random.default_rng(1)
     q = jnp.asarray(rng.standard_normal((1, 5, 2, 8)))
     k, v = (jnp.asarray(rng.standard_normal((1, 21, 2, 8))) for _ in range(2))

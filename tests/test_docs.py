@@ -88,9 +88,78 @@ def scratch_repo(tmp_path_factory) -> Path:
     return scratch
 
 
+_OUTPUTS: dict[str, str] = {}  # block body -> its stdout, run once per test process
+
+
+def run_block(document: str, line: int, body: str, scratch: Path, tmp_path: Path) -> str:
+    """stdout of one runnable block (run once per process); fails the test if it fails."""
+    if body not in _OUTPUTS:
+        _OUTPUTS[body] = _run(document, line, body, scratch, tmp_path)
+    return _OUTPUTS[body]
+
+
+# Numbers the documents print beside a runnable block, as they state them: (document, the
+# block's first line) -> claims that must be in the text after the block and agree with what
+# the block prints: a string printed as it is (commas optional), or (label, "10.9 GiB"): the
+# printed line starting with that label holds the value the text states, to its rounding.
+PRINTED_BESIDE = {
+    ("README.md", "python -m gated_attention.inspect --config=configs/ablation.py:arch="
+                  "dense_1p7b_28l,variant=g1_sdpa_elementwise"):
+        ["1,838,015,488", "117,440,512"],
+    ("docs/moe.md", "python -m gated_attention.inspect --config=configs/ablation.py:arch="
+                    "moe_15a2b,variant=baseline"):
+        ["15,577,227,264", "1,987,682,304", "16,030,408,704", "2,440,863,744", "453,181,440"],
+    ("docs/sharding.md", "python -m gated_attention.inspect \\"):
+        [("activations", "10.9 GiB"), ("total", "14.4 GiB")],
+}
+
+
+def _printed_as_stated(printed: str, label: str, stated: str) -> bool:
+    """The printed value on `label`'s line equals `stated` within the rounding of both."""
+    number, unit = stated.split()
+    for line in printed.splitlines():
+        match = re.match(rf"\s*{re.escape(label)}\s+([0-9.]+) {re.escape(unit)}$", line)
+        if match:
+            value = match.group(1)
+            half_units = sum(0.5 * 10.0 ** -len(x.partition(".")[2]) for x in (number, value))
+            return abs(float(value) - float(number)) <= half_units + 1e-12
+    return False
+
+
+def _claims() -> list[tuple[str, int, str, list[str]]]:
+    found = []
+    for document, line, body in runnable_blocks():
+        claims = PRINTED_BESIDE.get((document, body.split("\n")[0]))
+        if claims:
+            found.append((document, line, body, claims))
+    return found
+
+
+def test_every_stated_number_has_its_block():
+    assert len(_claims()) == len(PRINTED_BESIDE), "a block of PRINTED_BESIDE is gone or moved"
+
+
+@pytest.mark.parametrize("document,line,body,claims", _claims(),
+                         ids=[f"{d}:{n}" for d, n, _, _ in _claims()])
+def test_numbers_beside_runnable_blocks_are_what_they_print(document, line, body, claims,
+                                                            scratch_repo, tmp_path):
+    after = "\n".join((ROOT / document).read_text().split("\n")[line:line + 40])
+    printed = run_block(document, line, body, scratch_repo, tmp_path)
+    for claim in claims:
+        stated = claim[1] if isinstance(claim, tuple) else claim
+        assert stated in after, f"{document}:{line}: the text no longer states {stated!r}"
+        agrees = (_printed_as_stated(printed, *claim) if isinstance(claim, tuple)
+                  else claim in printed or claim.replace(",", "") in printed)
+        assert agrees, f"{document}:{line} states {claim!r}; the block printed:\n{printed[-3000:]}"
+
+
 @pytest.mark.parametrize("document,line,body", runnable_blocks(),
                          ids=[f"{d}:{n}" for d, n, _ in runnable_blocks()])
 def test_runnable_block_runs(document, line, body, scratch_repo, tmp_path):
+    run_block(document, line, body, scratch_repo, tmp_path)
+
+
+def _run(document: str, line: int, body: str, scratch_repo: Path, tmp_path: Path) -> str:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     python = bin_dir / "python"  # a wrapper, not a link: a venv's python finds its venv by path
@@ -103,6 +172,7 @@ def test_runnable_block_runs(document, line, body, scratch_repo, tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, (f"{document}:{line} failed ({result.returncode}):\n{body}\n"
                                     f"{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+    return result.stdout
 
 
 def test_relative_links_point_to_files():

@@ -54,7 +54,9 @@ def test_evaluation_writes_every_length_and_keeps_earlier_results(trained, capsy
     buckets = at_150["perplexity"]["buckets"]
     assert sum(b["tokens"] for b in buckets) == at_150["perplexity"]["tokens"] == 2 * 150
     assert np.isfinite(at_150["perplexity"]["perplexity"])
-    assert 0.0 <= at_150["tasks"]["passkey"]["score"] <= 1.0
+    passkey_150 = at_150["tasks"]["passkey"]
+    assert len(passkey_150["scores"]) == 2 and set(passkey_150["scores"]) <= {0.0, 1.0}
+    assert passkey_150["score"] == pytest.approx(np.mean(passkey_150["scores"]))
     too_short = result["results"]["yarn"]["64"]["tasks"]["passkey"]
     assert too_short["score"] is None and "too short" in too_short["note"]
     saved = trained / "length_eval" / "length_eval.json"
@@ -64,6 +66,29 @@ def test_evaluation_writes_every_length_and_keeps_earlier_results(trained, capsy
     assert json.loads((trained / "length_eval.1" / "length_eval.json").read_text())[
         "settings"] == result["settings"]
     assert "none L=    64" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("oracle, tasks, want", [
+    ("targets", ("passkey", "variable_tracking"), 1.0), ("shifted", ("passkey",), 0.0)])
+def test_task_scores_come_from_the_predictions_at_the_answer(trained, monkeypatch, oracle,
+                                                             tasks, want):
+    """A forward that predicts every target exactly scores 1 on each task at each length; one
+    that predicts the token before each target (an off-by-one in the answer mask) scores 0 on
+    the one-number pass key."""
+    def fake_make_forward(graphdef):
+        def forward(params, inputs, targets):
+            predicted = targets if oracle == "targets" else inputs
+            return np.zeros(np.shape(targets), np.float32), np.asarray(predicted)
+        return forward
+
+    monkeypatch.setattr(evaluate_length, "make_forward", fake_make_forward)
+    result = evaluate_length.evaluate(trained, [512, 400], scalings=("none",),
+                                      tasks=tasks, examples=2,
+                                      ppl_rows=0, batch_size=2, block=32)
+    for length in ("400", "512"):
+        for task in tasks:
+            entry = result["results"]["none"][length]["tasks"][task]
+            assert entry.get("scores") == [want, want], (length, task, entry)
 
 
 @pytest.mark.parametrize("kwargs, message", [

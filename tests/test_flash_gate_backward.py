@@ -25,8 +25,10 @@ def test_gate_backward_from_output_matches_float64_autodiff(activation, headwise
         scores = s_ if activation == "sigmoid" else 0.5 + 0.5 * s_
         return o_ * (scores[..., None] if headwise else scores)
 
-    out, vjp = jax.vjp(gated, jnp.asarray(o), jnp.asarray(g))  # float64 (conftest: x64 on)
-    do_ref, dg_ref = vjp(jnp.asarray(dout))
+    with jax.enable_x64(True):  # the reference in float64; the kernel code below in float32
+        out, vjp = jax.vjp(gated, jnp.asarray(o), jnp.asarray(g))
+        do_ref, dg_ref = vjp(jnp.asarray(dout))
+        assert out.dtype == do_ref.dtype == jnp.float64
     delta_ref = np.einsum("bshd,bshd->bhs", np.asarray(do_ref), o)
 
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731

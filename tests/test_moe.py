@@ -131,8 +131,10 @@ def test_layer_matches_naive_reference(impl, capacity_factor, renormalize):
 
     (_, (y, aux)), (g_state, g_x) = jax.jit(
         jax.value_and_grad(ours, argnums=(0, 1), has_aux=True))(state, x)
-    (_, (y_ref, balance, z)), (g_weights, g_x_ref) = jax.jit(
-        jax.value_and_grad(theirs, argnums=(0, 1), has_aux=True))(weights, x)
+    with jax.enable_x64(True):  # the reference in float64; the layer above in float32
+        (_, (y_ref, balance, z)), (g_weights, g_x_ref) = jax.jit(
+            jax.value_and_grad(theirs, argnums=(0, 1), has_aux=True))(weights, x)
+        assert y_ref.dtype == jnp.float64
     dropped = 1.0 - keep.mean()
     grads = [g_state[n][...] for n in WEIGHT_NAMES] + [g_x]
     grads_ref = list(g_weights) + [g_x_ref]

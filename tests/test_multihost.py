@@ -83,6 +83,7 @@ def finish(procs: list[subprocess.Popen], logs: Path) -> list[dict]:
             for i in range(len(procs))]
 
 
+@pytest.mark.slow
 def test_two_processes_agree_with_one_process(tmp_path):
     """Two processes of 4 devices train like one process of 8, in two set-ups (one start):
 
@@ -129,6 +130,7 @@ def test_two_processes_agree_with_one_process(tmp_path):
     assert sorted(p.name for p in (tmp_path / "pod" / "checkpoints").iterdir()) == ["2", "4"]
 
 
+@pytest.mark.needs("libtpu")
 def test_a_tpu_target_compile_leaves_no_pod_environment_to_children():
     """libtpu, started to compile for a TPU on this CPU host, sets CLOUD_TPU_TASK_ID and
     friends in the process environment; a child process (a grid's run) must still see a

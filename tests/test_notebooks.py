@@ -25,6 +25,7 @@ SETTINGS = ["train.steps=20", "train.batch_size=4", "data.seq_len=64", "train.ev
             "train.eval_batches=2", "train.log_every=5", "optimizer.warmup_steps=5",
             "data.tokenizer=byte", "model.vocab_size=260", "model.num_layers=2"]
 RUNS = ("tiny-baseline-s0", "tiny-g1_sdpa_elementwise-s0")
+pytestmark = pytest.mark.slow  # two training runs and two analyses in subprocesses
 
 
 @pytest.fixture(scope="session")
@@ -63,12 +64,17 @@ def test_tiny_grid_is_analysed_and_summarised(tiny_grid):
         maps = np.load(tiny_grid / a["workdir"] / "analysis" / "attention_maps.npy")
         np.testing.assert_allclose(maps.sum(-1), 1.0, atol=1e-5)
         assert np.all(np.triu(maps, k=1) == 0)
-        # The spike rule here and the flag train.py logs agree on the same losses.
+        # The flags train.py logged follow the documented rule, recomputed here by hand: a
+        # logged loss is a spike if, from the warm-up's end (step 5), it exceeds 1.5 x the
+        # EMA (decay 0.9) of the logged losses before it.
         records = stability.read_metrics(tiny_grid / a["workdir"] / "metrics.jsonl")
         train = [r for r in records if r.get("kind") == "train"]
-        detector = stability.SpikeDetector(warmup_steps=5)
-        assert [detector.update(r["step"], r["loss"]) for r in train] == [
-            bool(r["loss_spike"]) for r in train]
+        assert [r["step"] for r in train] == list(range(1, 21))
+        ema, want = None, []
+        for r in train:
+            want.append(ema is not None and r["step"] >= 5 and r["loss"] > 1.5 * ema)
+            ema = r["loss"] if ema is None else 0.9 * ema + 0.1 * r["loss"]
+        assert [r["loss_spike"] for r in train] == want
         for name in a["figures"].values():
             assert (tiny_grid / a["workdir"] / "analysis" / name).stat().st_size > 0
     summarize.summarize(tiny_grid)
@@ -91,10 +97,13 @@ def test_notebook_executes(tiny_grid, notebook, env):
     with pytest.MonkeyPatch.context() as mp:
         for key, value in {**ENV, env: where}.items():
             mp.setenv(key, value)
-        NotebookClient(book, timeout=300, kernel_name="python3",
+        # allow_errors: every cell runs, so a failure in one does not hide those after it
+        NotebookClient(book, timeout=300, kernel_name="python3", allow_errors=True,
                        resources={"metadata": {"path": str(cwd)}}).execute()
-    errors = [o for c in book.cells if c.cell_type == "code" for o in c.get("outputs", [])
+    code = [c for c in book.cells if c.cell_type == "code"]
+    errors = [f"{o['ename']}: {o['evalue']}" for c in code for o in c.get("outputs", [])
               if o.get("output_type") == "error"]
-    assert not errors
+    assert not errors, errors
+    assert all(c.execution_count for c in code)
     if env == "GRID_ROOT":
         assert (tiny_grid / "figures" / "attention_maps.png").exists()

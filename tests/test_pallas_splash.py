@@ -6,6 +6,7 @@ normaliser (sink kinds) x gate kind x activation x segments x causal x GQA x pad
 """
 
 import flash_cases
+import jax
 import jax.numpy as jnp
 import pytest
 from flash_cases import Case
@@ -32,7 +33,7 @@ def _kernel(q, k, v, **kwargs):
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_matches_float64_reference(case: Case):
-    flash_cases.check_case(_kernel, case, x64=False)
+    flash_cases.check_case(_kernel, case)
 
 
 # Between them: every normaliser splash serves, every gate kind, segments or not, causal or
@@ -46,6 +47,7 @@ TPU_COMPILES = [
 ]
 
 
+@pytest.mark.needs("libtpu")
 @pytest.mark.parametrize("topology, features", TPU_COMPILES,
                          ids=[f"{t}-{f['normalizer']}" for t, f in TPU_COMPILES])
 def test_compiles_for_tpu_generations(topology: str, features: dict):
@@ -62,7 +64,7 @@ def test_refuses_what_splash_cannot_do():
     k = jnp.zeros((1, 32, 2, 64), jnp.float32)
     with pytest.raises(ValueError, match="equal query and key lengths"):
         splash.attention(q, k, k)
-    with pytest.raises(ValueError, match="jax_enable_x64"):  # the tests run with it on
+    with jax.enable_x64(True), pytest.raises(ValueError, match="jax_enable_x64"):
         splash.attention(q, q, q)
 
 

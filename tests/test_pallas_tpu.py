@@ -48,6 +48,7 @@ def test_lowers_to_mosaic(head_dim: int):
     assert "tpu_custom_call" in text
 
 
+@pytest.mark.needs("libtpu")
 def test_training_configuration_compiles_for_a_tpu():
     """The kernel as a training step calls it (packed rows: segment ids; elementwise gate;
     GQA; tiles from the TPU table, not the host's) compiles through Mosaic, forward and
@@ -87,6 +88,7 @@ def _compile_id(topology: str, features: dict) -> str:
                                   for v in features.values()])
 
 
+@pytest.mark.needs("libtpu")
 @pytest.mark.parametrize("topology, features", TPU_COMPILES,
                          ids=[_compile_id(t, f) for t, f in TPU_COMPILES])
 def test_compiles_for_tpu_generations(topology: str, features: dict):

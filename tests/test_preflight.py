@@ -16,10 +16,8 @@ from pathlib import Path
 import jax
 import pytest
 
-pytest.importorskip("libtpu", reason="libtpu (make install-test) compiles for TPU targets")
-
-from gated_attention import config_lib, memory, preflight  # noqa: E402
-from gated_attention.tpu_topologies import AcceleratorError, parse_accelerator, torus_layout  # noqa: E402
+from gated_attention import config_lib, memory, preflight
+from gated_attention.tpu_topologies import AcceleratorError, parse_accelerator, torus_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,6 +71,7 @@ def tiny_train_step():
     return config, mesh, preflight.compile_step(config, mesh, "train")
 
 
+@pytest.mark.needs("libtpu")
 def test_tiny_train_step_compiles_for_v5e_with_the_pallas_kernel_in_mosaic(tiny_train_step):
     config, mesh, step = tiny_train_step
     assert mesh.devices.size == 4 and mesh.devices.flat[0].device_kind == "TPU v5 lite"
@@ -84,6 +83,7 @@ def test_tiny_train_step_compiles_for_v5e_with_the_pallas_kernel_in_mosaic(tiny_
     assert "callback" not in hlo.lower()
 
 
+@pytest.mark.needs("libtpu")
 def test_compiler_memory_and_flops_match_hand_counts(tiny_train_step):
     config, mesh, step = tiny_train_step
     cfg = config_lib.model_config(config)
@@ -110,6 +110,7 @@ def test_compiler_memory_and_flops_match_hand_counts(tiny_train_step):
     assert not math.isclose(step.flops * mesh.devices.size, dense, rel_tol=0.03)
 
 
+@pytest.mark.needs("libtpu")
 def test_report_dump_and_verdict(tiny_train_step, tmp_path, monkeypatch):
     config, _, step = tiny_train_step
     monkeypatch.setattr(preflight, "compile_step", lambda *a, **k: step)

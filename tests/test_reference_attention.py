@@ -9,6 +9,9 @@ import pytest
 from gated_attention import ops
 from gated_attention.ops import reference
 
+# ops.attention(impl="xla") in float64 against the float64 numpy formula, to 1e-10.
+pytestmark = pytest.mark.usefixtures("x64")
+
 
 def random_qkv(seed, b=2, s=9, h=4, kv=2, d=8):
     rng = np.random.default_rng(seed)

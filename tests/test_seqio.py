@@ -5,7 +5,6 @@ from pydoc_data.topics import topics
 
 import numpy as np
 import pytest
-import seqio  # the seqio extra: `make test` installs it, so this test never skips
 
 from gated_attention import config_lib
 from gated_attention.data import corpus, packing, pipeline, seqio_source, tokenizer
@@ -24,6 +23,7 @@ def texts_and_vocab(tmp_path_factory):
     return root, texts, str(model)
 
 
+@pytest.mark.needs("seqio")
 def test_seqio_and_grain_yield_identical_tokens_and_batches(texts_and_vocab):
     root, texts, model = texts_and_vocab
     task = seqio_source.register_text_task(
@@ -53,6 +53,7 @@ def test_seqio_and_grain_yield_identical_tokens_and_batches(texts_and_vocab):
             np.testing.assert_array_equal(a[key], b[key])
 
 
+@pytest.mark.needs("seqio")
 def test_seqio_iterator_resumes_exactly(texts_and_vocab):
     root, _, model = texts_and_vocab
     task = seqio_source.register_text_task(
@@ -73,6 +74,7 @@ def test_seqio_iterator_resumes_exactly(texts_and_vocab):
             np.testing.assert_array_equal(a[key], b[key])
 
 
+@pytest.mark.needs("seqio")
 def test_a_users_task_module_is_imported_and_brings_its_vocabulary(texts_and_vocab, tmp_path,
                                                                     monkeypatch):
     from gated_attention.data import build_inputs
@@ -115,8 +117,11 @@ def test_a_users_task_module_is_imported_and_brings_its_vocabulary(texts_and_voc
     assert sp.decode(docs[5][:-1]) == texts[5] and docs[5][-1] == sp.eos_id
 
 
+@pytest.mark.needs("seqio")
 def test_c4_task_registers_without_download(texts_and_vocab):
     _, _, model = texts_and_vocab
+    import seqio
+
     name = seqio_source.register_c4_task(model)
     task = seqio.get_mixture_or_task(name)
     assert task.output_features["targets"].vocabulary.vocab_size == 400

@@ -118,9 +118,18 @@ def test_parameter_shardings_follow_the_rules():
     assert leaf(sh, attention + ("gate", "kernel")).spec == P("fsdp", "tensor", None)
     assert leaf(sh, ("params", "layers", 0, "ffn", "down_proj")).spec == P("tensor", "fsdp")
     assert leaf(sh, ("params", "embed")).spec == P("tensor", "fsdp")
-    # AdamW moments shard like their parameter.
-    mu = sh["opt_state"]
-    assert any(s.spec == P("fsdp", "tensor", None) for s in jax.tree.leaves(mu))
+    # AdamW moments shard like their parameter: each parameter's two moments (mu and nu, the
+    # optimizer-state leaves whose path ends in the parameter's path) have its spec.
+    param_specs = {jax.tree_util.keystr(path): s.spec
+                   for path, s in jax.tree_util.tree_leaves_with_path(sh["params"])}
+    moments = {name: [] for name in param_specs}
+    for path, s in jax.tree_util.tree_leaves_with_path(sh["opt_state"]):
+        text = jax.tree_util.keystr(path)
+        owners = [name for name in param_specs if text.endswith(name)]
+        if owners:
+            moments[max(owners, key=len)].append(s.spec)
+    assert {name: specs for name, specs in moments.items()} == {
+        name: [spec, spec] for name, spec in param_specs.items()}
     _, sh8 = abstract_params((1, 1, 8))
     assert leaf(sh8, attention + ("q_proj",)).spec == P("fsdp", "tensor", None)  # 8 heads / 8
     assert leaf(sh8, attention + ("k_proj",)).spec == P("fsdp", None, None)  # 4 kv heads: whole
@@ -192,6 +201,7 @@ def test_sharded_loss_and_grads_equal_single_device(mesh_shape, single_device_re
 
 # ----------------------------------------------------------------------------- checkpoints
 
+@pytest.mark.slow
 def test_checkpoint_saved_on_one_mesh_restores_on_others(tmp_path):
     config = worker.tiny_config(mesh_dict((2, 4, 1)))
     _, state, _, _ = worker.train_steps(config, 2)

@@ -124,6 +124,7 @@ def test_sink_tiny_defaults_to_the_task():
     assert config_lib.base_config("tiny", "baseline").data.source == "cpython_docs"
 
 
+@pytest.mark.slow
 def test_a_short_baseline_run_learns_the_copy(tmp_path):
     from gated_attention import train
     from gated_attention.analysis import backcopy

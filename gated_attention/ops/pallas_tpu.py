@@ -62,12 +62,6 @@ def _nn(a, b):
                                preferred_element_type=jnp.float32)
 
 
-def _tn(a, b):
-    """a^T @ b with float32 accumulation."""
-    return jax.lax.dot_general(a, b, (((0,), (0,)), ((), ())),
-                               preferred_element_type=jnp.float32)
-
-
 def _div(a, n: int):
     """Integer division of a non-negative index (lax.div: no sign fix-up, int32 kept)."""
     return jax.lax.div(a, jnp.asarray(n, a.dtype))
