@@ -44,7 +44,8 @@ while IFS= read -r line; do
   key="$config"
   overrides=()
   for arg in "${words[@]:1}"; do
-    [[ "$arg" == --config.seed=* ]] && continue
+    # a grid seed sets the weights and the data order: one pre-flight serves every seed
+    [[ "$arg" == --config.seed=* || "$arg" == --config.data.shuffle_seed=* ]] && continue
     overrides+=("$arg")
     key+=" $arg"
   done
