@@ -64,10 +64,12 @@ def segment_starts(segment_ids: jax.Array | None, shape: tuple[int, int]) -> jax
 def first_token_weights(q: jax.Array, k: jax.Array, *, segment_ids: jax.Array | None = None,
                         causal: bool = True, normalizer: str = "softmax",
                         sink_logits: jax.Array | None = None, scale: float | None = None,
-                        block: int | None = None) -> jax.Array:
+                        block: int | None = None, window: int = 0) -> jax.Array:
     """[b, heads, q_len]: each query's attention weight on its segment's first key.
 
-    q [b, s, heads, d], k [b, s, kv_heads, d] (self-attention: the same positions). The
+    q [b, s, heads, d], k [b, s, kv_heads, d] (self-attention: the same positions); window > 0:
+    sliding-window attention (a query sees its last `window` keys; a first key outside the
+    window gets weight 0). The
     normaliser's log-denominator is accumulated over key blocks with a running max, so at
     most b x heads x block x block logits are alive.
     """
@@ -103,8 +105,10 @@ def first_token_weights(q: jax.Array, k: jax.Array, *, segment_ids: jax.Array | 
             seg_k = jax.lax.dynamic_slice_in_dim(seg_pad, j * block, block, axis=1)
             k_pos = j * block + jnp.arange(block)
             logits = jnp.einsum("bqngd,bknd->bngqk", q_blk, k_blk) * scale
-            visible = ((q_pos[:, None] >= k_pos[None, :])[None]
-                       & (seg_q[:, :, None] == seg_k[:, None, :]))[:, None, None]
+            near = q_pos[:, None] >= k_pos[None, :]
+            if window:
+                near = near & (q_pos[:, None] - k_pos[None, :] < window)
+            visible = (near[None] & (seg_q[:, :, None] == seg_k[:, None, :]))[:, None, None]
             masked = jnp.where(visible, logits, NEG)
             new_m = jnp.maximum(m, jnp.max(masked, axis=-1))
             if softpick:  # sum |e^(x - m) - e^(-m)| over visible keys
@@ -137,6 +141,9 @@ def first_token_weights(q: jax.Array, k: jax.Array, *, segment_ids: jax.Array | 
     else:
         raise ValueError(f"normalizer={normalizer!r} is not allowed; choose one of "
                          f"{reference.NORMALIZERS}")
+    if window:  # the segment's first key is out of reach of queries `window` or more past it
+        reach = (jnp.arange(s)[None, :] - starts) < window
+        weight = jnp.where(reach[:, None, None, :], weight, 0.0)
     return weight.reshape(b, h, s)
 
 

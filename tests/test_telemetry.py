@@ -39,7 +39,8 @@ def _reference_first_token(probs, segment_ids):
 @pytest.mark.parametrize("normalizer", ["softmax", "softmax_off_by_one", "learned_sink",
                                         "softpick"])
 @pytest.mark.parametrize("segmented", [False, True])
-def test_blockwise_first_token_weight_matches_the_reference_map(normalizer, segmented):
+@pytest.mark.parametrize("window", [0, 6])
+def test_blockwise_first_token_weight_matches_the_reference_map(normalizer, segmented, window):
     rng = np.random.default_rng(0)
     b, s, h, n, d = 2, 20, 4, 2, 8
     q = jnp.asarray(3 * rng.normal(size=(b, s, h, d)), jnp.float32)
@@ -47,7 +48,7 @@ def test_blockwise_first_token_weight_matches_the_reference_map(normalizer, segm
     sink = jnp.asarray(rng.normal(size=(h,)), jnp.float32)
     seg = jnp.asarray(SEGMENTS) if segmented else None
     kwargs = dict(segment_ids=seg, causal=True, normalizer=normalizer,
-                  sink_logits=sink if normalizer == "learned_sink" else None)
+                  sink_logits=sink if normalizer == "learned_sink" else None, window=window)
     # block 8 over 20 positions: three query and key blocks, the last one padded
     ours = telemetry.first_token_weights(q, k, block=8, **kwargs)
     probs = reference.attention_weights(q, k, **kwargs)
