@@ -12,7 +12,7 @@ core trains in minutes (12 layers of width 64, 300 steps of 16 x 128 tokens), wi
 peak learning rate of 3e-2 that the grid's multipliers take up to about 1.
 """
 
-from gated_attention.config_lib import base_config, parse_config_string
+from gated_attention.config_lib import family_config
 
 LR_RECIPE = {
     "model.num_layers": 12, "model.d_model": 64, "model.num_heads": 4, "model.num_kv_heads": 2,
@@ -22,11 +22,11 @@ LR_RECIPE = {
     "train.on_nonfinite": "skip", "optimizer.peak_lr": 3e-2, "optimizer.final_lr": 3e-4,
     "optimizer.warmup_steps": 30,
 }
+OWN_FIELDS = tuple(LR_RECIPE)  # the recipe is what this file exists to change
 
 
 def get_config(arg: str | None = None):
-    options = parse_config_string(arg)
-    config = base_config(arch="tiny", variant=options.get("variant", "baseline"))
+    config = family_config(arg, ("tiny",))  # the recipe is a deep, narrow tiny: no other arch
     for key, value in LR_RECIPE.items():
         section, field = key.split(".")
         config[section][field] = value
