@@ -148,3 +148,17 @@ def test_explicit_interpret_false_is_never_overridden():
     text = jax.jit(lambda q: ops.attention(q, q, q, impl="pallas_tpu", interpret=False)).trace(
         q).lower(lowering_platforms=("tpu",)).as_text()
     assert "tpu_custom_call" in text
+
+
+def test_kernels_cached_in_one_trace_serve_the_next(monkeypatch):
+    """A CPU run traces the TPU branch too (libtpu installed): splash's cached kernel, first
+    built inside one jit's trace, must hold constants, not that trace's tracers (it leaked an
+    int8 mask tracer into the next jit: UnexpectedTracerError)."""
+    q = jnp.asarray(np.random.default_rng(0).normal(size=(1, 128, 2, 32)), jnp.float32)
+    first = jax.jit(lambda q: ops.attention(q, q, q, impl="auto"))(q)
+    second = jax.jit(lambda q: ops.attention(2 * q, q, q, impl="auto"))(q)
+    grad = jax.grad(lambda q: ops.attention(q, q, q, impl="auto").sum())(q)
+    want = numpy_reference.sdpa(np.asarray(q, np.float64), np.asarray(q, np.float64),
+                                np.asarray(q, np.float64))
+    np.testing.assert_allclose(np.asarray(first), want, rtol=2e-5, atol=2e-5)
+    assert second.shape == first.shape and grad.shape == q.shape

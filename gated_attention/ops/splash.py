@@ -54,15 +54,19 @@ def _mask(padded: int, causal: bool, window: int):
 @functools.lru_cache(maxsize=64)
 def _kernel(heads: int, padded: int, causal: bool, block: int, interpret: bool | str,
             window: int = 0):
-    """A splash kernel for one example's shape (masks are processed once, in numpy)."""
+    """A splash kernel for one example's shape (masks are processed once, in numpy).
+
+    Built eagerly even when first asked for inside a trace (a platform branch traced in a CPU
+    run): the cached kernel's mask arrays must be constants, never that trace's tracers."""
     mask = splash.MultiHeadMask([_mask(padded, causal, window) for _ in range(heads)])
     sizes = splash.BlockSizes(
         block_q=block, block_kv=block, block_kv_compute=block,
         block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
         use_fused_bwd_kernel=True)
-    return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
-                                  interpret=(pltpu.InterpretParams() if interpret is True
-                                             else bool(interpret)))
+    with jax.ensure_compile_time_eval():
+        return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                      interpret=(pltpu.InterpretParams() if interpret is True
+                                                 else bool(interpret)))
 
 
 def _sinks(normalizer: str, heads: int, sink_logits: jax.Array | None) -> jax.Array | None:
