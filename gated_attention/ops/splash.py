@@ -16,8 +16,6 @@ causal mask hides them, or, without it, a segment id of their own).
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
@@ -51,22 +49,21 @@ def _mask(padded: int, causal: bool, window: int):
     return (splash.CausalMask if causal else splash.FullMask)((padded, padded))
 
 
-@functools.lru_cache(maxsize=64)
 def _kernel(heads: int, padded: int, causal: bool, block: int, interpret: bool | str,
             window: int = 0):
-    """A splash kernel for one example's shape (masks are processed once, in numpy).
+    """A splash kernel for one example's shape (its masks processed in numpy).
 
-    Built eagerly even when first asked for inside a trace (a platform branch traced in a CPU
-    run): the cached kernel's mask arrays must be constants, never that trace's tracers."""
+    Made anew for each call, not cached: a kernel first made inside one trace (e.g. the TPU
+    branch a CPU run traces when libtpu is installed) holds that trace's mask arrays, and a
+    cached one leaked them into the next jit (UnexpectedTracerError)."""
     mask = splash.MultiHeadMask([_mask(padded, causal, window) for _ in range(heads)])
     sizes = splash.BlockSizes(
         block_q=block, block_kv=block, block_kv_compute=block,
         block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
         use_fused_bwd_kernel=True)
-    with jax.ensure_compile_time_eval():
-        return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
-                                      interpret=(pltpu.InterpretParams() if interpret is True
-                                                 else bool(interpret)))
+    return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                  interpret=(pltpu.InterpretParams() if interpret is True
+                                             else bool(interpret)))
 
 
 def _sinks(normalizer: str, heads: int, sink_logits: jax.Array | None) -> jax.Array | None:
