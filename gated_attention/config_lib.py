@@ -20,6 +20,7 @@ import ml_collections
 from gated_attention.accounting import count_params
 from gated_attention.analysis import stability
 from gated_attention.data.streams import PACKINGS
+from gated_attention.errors import UserError
 from gated_attention.layers.moe_ops import MOE_IMPLS
 from gated_attention.layers.rope import NO_SCALING, RopeScaling
 from gated_attention.model import REMAT_CHOICES
@@ -228,7 +229,7 @@ _MODEL_FIELDS = ({f.name for f in dataclasses.fields(ModelConfig)}
 _VARIANT_FIELDS = [f.name for f in dataclasses.fields(AttentionVariant)]
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A config field is missing, out of range, or not one of its allowed values."""
 
 
