@@ -11,16 +11,14 @@ import functools
 import math
 import re
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from flax import nnx
 
 from gated_attention.model import abstract_model
+from gated_attention.model_config import ModelConfig
 from gated_attention.sharding import logical_axes
 from gated_attention.variants import VARIANTS
-
-if TYPE_CHECKING:  # the type only: config_lib defines ModelConfig above these floors
-    from gated_attention.config_lib import ModelConfig
 
 
 class ParamLeaf(NamedTuple):

@@ -9,7 +9,7 @@ layouts (checkpoints, imported weights).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -20,20 +20,10 @@ from gated_attention.layers.block import DecoderBlock
 from gated_attention.layers.kv_cache import KVCache
 from gated_attention.layers.norms import RMSNorm
 from gated_attention.layers.params import cast, param
+from gated_attention.model_config import REMAT_POLICIES, ModelConfig
 from gated_attention.sharding import constrain
 
-if TYPE_CHECKING:  # the type only: config_lib builds ModelConfig and imports this module
-    from gated_attention.config_lib import ModelConfig
-
 Aux = dict[str, jax.Array]
-# model.remat -> the jax.checkpoint policy of each decoder block ("full" saves only the block
-# input); "none" runs without rematerialisation. config_lib checks model.remat against these.
-REMAT_POLICIES = {
-    "full": None,
-    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
-}
-REMAT_CHOICES = ("none", *REMAT_POLICIES)
 
 
 class Transformer(nnx.Module):

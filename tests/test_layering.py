@@ -2,9 +2,9 @@
 
 Data flows downward only: ops < sharding < layers < model < train < CLIs. A module may import
 its own floor or lower ones, never a higher one, and no chain of imports may come back to
-where it started. Imports inside functions count as much as those at the top of a file;
-imports under `if TYPE_CHECKING:` do not (they never run: annotations only, e.g. the layers
-naming `config_lib.ModelConfig`, which config_lib builds above them).
+where it started. Every import counts: inside functions as much as at the top of a file, and
+under `if TYPE_CHECKING:` too (an annotation that names a module above is an arrow up all
+the same; the model's config lives beside the model, in model_config.py, for that reason).
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ FLOORS: dict[str, int] = {
     "gated_attention.gpu_targets": 1,
     "gated_attention.watchdog": 1,
     "gated_attention.cuda_compile": 1,
+    "gated_attention.errors": 1,
     # 2: what the model is made of: the variant space, the model description, layers.
     "gated_attention.variants": 2,
     "gated_attention.layers": 2,
+    "gated_attention.model_config": 2,
     # 3: the model, what it exposes, and the numbers read off it.
     "gated_attention.model": 3,
     "gated_attention.capture": 3,
@@ -77,15 +79,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {}
 OPS_FORBIDDEN = ("flax", "ml_collections", "absl")
 
 
-def _is_type_checking_guard(node: ast.AST) -> bool:
-    """`if TYPE_CHECKING:` or `if typing.TYPE_CHECKING:` (with no else branch to hide in)."""
-    if not isinstance(node, ast.If) or node.orelse:
-        return False
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -102,11 +95,7 @@ def imports_of(name: str, path: Path, modules: Iterable[str]) -> tuple[set[str],
     external: set[str] = set()
     is_package = path.name == "__init__.py"
     tree = ast.parse(path.read_text(), filename=str(path))
-    type_only = {id(n) for guard in ast.walk(tree) if _is_type_checking_guard(guard)
-                 for stmt in guard.body for n in ast.walk(stmt)}
     for node in ast.walk(tree):
-        if id(node) in type_only:
-            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -198,19 +187,26 @@ def test_import_reader_sees_lazy_and_relative_imports(tmp_path):
     assert external == {"json"}
 
 
-def test_import_reader_skips_type_only_imports(tmp_path):
-    source = ("from typing import TYPE_CHECKING\nimport typing\n"
-              "if TYPE_CHECKING:\n    from gated_attention import train\n"
-              "if typing.TYPE_CHECKING:\n    from gated_attention import main\n"
-              "if TYPE_CHECKING:\n    pass\nelse:\n    from gated_attention import sharding\n")
+def test_import_reader_counts_type_only_imports(tmp_path):
+    source = ("from typing import TYPE_CHECKING\n"
+              "if TYPE_CHECKING:\n    from gated_attention.config_lib import ModelConfig\n")
     path = tmp_path / "mod.py"
     path.write_text(source)
-    modules = {"gated_attention.x.mod", "gated_attention.train", "gated_attention.main",
-               "gated_attention.sharding"}
-    project, external = imports_of("gated_attention.x.mod", path, modules)
-    # an `else:` branch runs, so a guard with one is read like any other code
-    assert project == {"gated_attention.sharding"}
-    assert external == {"typing"}
+    modules = {"gated_attention.x.mod", "gated_attention.config_lib"}
+    project, _ = imports_of("gated_attention.x.mod", path, modules)
+    assert project == {"gated_attention.config_lib"}
+
+
+def test_an_upward_import_fails_the_floor_check(tmp_path):
+    """Negative control: a layer naming the run config (even for a type only) is caught."""
+    source = ("from typing import TYPE_CHECKING\n"
+              "if TYPE_CHECKING:\n    from gated_attention.config_lib import ModelConfig\n")
+    path = tmp_path / "attention.py"
+    path.write_text(source)
+    name = "gated_attention.layers.attention"
+    project, _ = imports_of(name, path, set(package_modules()))
+    assert upward_arrows({name: project}) == [
+        "gated_attention.layers.attention (layers) -> gated_attention.config_lib (train)"]
 
 
 def test_every_module_has_a_floor():
@@ -227,8 +223,8 @@ def test_no_import_cycles():
         " <-> ".join(c) for c in cycles)
 
 
-def test_no_arrow_from_a_lower_floor_to_a_higher_one():
-    graph, _ = import_graph()
+def upward_arrows(graph: Mapping[str, Iterable[str]]) -> list[str]:
+    """Every import from a lower floor to a higher one, as "importer (floor) -> dep (floor)"."""
     upward = []
     for importer, deps in sorted(graph.items()):
         low = floor_of(importer)
@@ -237,7 +233,22 @@ def test_no_arrow_from_a_lower_floor_to_a_higher_one():
             if (low is not None and high is not None and high > low
                     and (importer, dep) not in EXCEPTIONS):
                 upward.append(f"{importer} ({FLOOR_NAMES[low]}) -> {dep} ({FLOOR_NAMES[high]})")
+    return upward
+
+
+def test_no_arrow_from_a_lower_floor_to_a_higher_one():
+    graph, _ = import_graph()
+    upward = upward_arrows(graph)
     assert not upward, "imports that go up a floor:\n" + "\n".join(upward)
+
+
+def test_the_model_reads_its_config_from_its_own_floor():
+    """The layers and the model import ModelConfig at run time from model_config.py."""
+    graph, _ = import_graph()
+    for module in ("gated_attention.layers.attention", "gated_attention.layers.block",
+                   "gated_attention.layers.moe", "gated_attention.model"):
+        assert "gated_attention.model_config" in graph[module], module
+        assert "gated_attention.config_lib" not in graph[module], module
 
 
 def test_kernels_know_no_flax_and_no_configs():

@@ -16,7 +16,6 @@ heads whose mask is 0 contribute nothing to o_proj.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -29,10 +28,8 @@ from gated_attention.layers.norms import RMSNorm, rms_normalize
 from gated_attention.layers.params import cast, param
 from gated_attention.layers.rope import apply_rope
 from gated_attention.layers.switch_head import SwitchHeadProjection
+from gated_attention.model_config import ModelConfig
 from gated_attention.ops import reference
-
-if TYPE_CHECKING:  # the type only: config_lib defines ModelConfig above these floors
-    from gated_attention.config_lib import ModelConfig
 
 GATE_TARGETS = {"sdpa": "heads", "query": "heads", "key": "kv_heads", "value": "kv_heads"}
 XSA_EPS = 1e-12  # only guards an all-zero value vector

@@ -6,8 +6,6 @@ it is added to the residual stream.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 from flax import nnx
 
@@ -15,9 +13,7 @@ from gated_attention.layers.attention import Attention
 from gated_attention.layers.kv_cache import KVCache
 from gated_attention.layers.mlp import SwiGLU
 from gated_attention.layers.norms import RMSNorm
-
-if TYPE_CHECKING:  # the type only: config_lib defines ModelConfig above these floors
-    from gated_attention.config_lib import ModelConfig
+from gated_attention.model_config import ModelConfig
 
 Aux = dict[str, jax.Array]
 

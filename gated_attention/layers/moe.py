@@ -24,19 +24,15 @@ tokens exchanged by all-to-all (layers/moe_parallel.py); without a mesh it runs 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from gated_attention.layers import moe_ops, moe_parallel
 from gated_attention.layers.params import cast, param
+from gated_attention.model_config import ModelConfig
 from gated_attention.ops.target import target_platform
 from gated_attention.sharding import constrain
-
-if TYPE_CHECKING:  # the type only: config_lib defines ModelConfig above these floors
-    from gated_attention.config_lib import ModelConfig
 
 
 class MoEFeedForward(nnx.Module):
