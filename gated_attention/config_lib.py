@@ -1,25 +1,27 @@
-"""The one home of the run config: its schema, its defaults and its validation.
+"""The run config: its schema, its defaults per arch, and the one call that validates it.
 
 `base_config(arch, variant)` returns a full ml_collections ConfigDict; the files in configs/
 wrap it for the command line. The variant is copied field by field into `config.attention`,
 so any axis can be overridden from a flag (`--config.attention.activation=silu`). The model
-section starts from `ModelConfig`'s field defaults (one default per field), and
-`model_config(config)` turns the ConfigDict into that frozen ModelConfig, which the layers
-read; `validate_run_config` checks every other field, all before anything is compiled.
+section starts from `ModelConfig`'s field defaults (model_config.py, beside the model), the
+data section takes each source's own fields from its module (data/registry.py), and
+`model_config(config)` turns the ConfigDict into the frozen ModelConfig the layers read.
+`validate_run_config` asks each section's owner to check it, before anything is compiled.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 import ml_collections
 
+from gated_attention import model_config as model_config_lib
+from gated_attention import optim, train_config
 from gated_attention.accounting import count_params
 from gated_attention.analysis import stability
-from gated_attention.data.streams import PACKINGS
-from gated_attention.errors import UserError
+from gated_attention.config_checks import ConfigError, choice, require
+from gated_attention.data import registry as data_registry
 from gated_attention.layers.rope import RopeScaling
 from gated_attention.model_config import DTYPES, ModelConfig  # noqa: F401 - re-exported
 from gated_attention.variants import VARIANTS, AttentionVariant, VariantError, get_variant
@@ -101,19 +103,8 @@ ARCH_TRAINING: dict[str, dict[str, Any]] = {
 # Archs whose decoder blocks are scanned by default (model.scan_layers): deep enough that
 # compiling layer by layer takes minutes.
 SCANNED_ARCHS = ("dense_1p7b_28l", "dense_1p7b_48l", "moe_15a2b")
-_MODEL_FIELDS = ({f.name for f in dataclasses.fields(ModelConfig)}
-                 - {"variant", "block_sizes", "rope_scaling"})
-_VARIANT_FIELDS = [f.name for f in dataclasses.fields(AttentionVariant)]
-
-
-class ConfigError(UserError):
-    """A config field is missing, out of range, or not one of its allowed values."""
-
-
-def _choice(field: str, value: Any, allowed: Any) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{field}={value!r} is not allowed; choose one of "
-                          f"{', '.join(map(str, allowed))}")
+_MODEL_FIELDS = model_config_lib.MODEL_FIELDS
+_choice, _check = choice, require
 
 
 def model_section(arch: str) -> ml_collections.ConfigDict:
@@ -146,17 +137,16 @@ def attention_section(variant: str) -> ml_collections.ConfigDict:
         raise ConfigError(str(err)) from None
 
 
-DATA_SOURCES = ("cpython_docs", "python_source", "files", "seqio", "tfds", "array_record",
-                "bigram_backcopy", "passkey")
-TOKENIZERS = ("sentencepiece", "byte", "hf")
-SENTENCEPIECE_MODELS = ("unigram", "bpe")
-ON_NONFINITE = ("stop", "skip")
+DATA_SOURCES = tuple(data_registry.SOURCES)  # the sources shipped (data/registry.py)
+TOKENIZERS = data_registry.TOKENIZERS
+SENTENCEPIECE_MODELS = data_registry.SENTENCEPIECE_MODELS
+ON_NONFINITE = train_config.ON_NONFINITE
 
 
 def data_section(arch: str) -> ml_collections.ConfigDict:
-    """What the model reads. See gated_attention/data/__init__.py for each source."""
+    """What the model reads: the fields every source shares, then each source's own."""
     return ml_collections.ConfigDict(dict(
-        source=ARCH_RUN_DEFAULTS[arch].get("source", "cpython_docs"),  # one of DATA_SOURCES
+        source=ARCH_RUN_DEFAULTS[arch].get("source", "cpython_docs"),  # a data/registry.py name
         # one of TOKENIZERS; "byte" needs model.vocab_size >= 259; "hf" reads
         # data.tokenizer_path (a tokenizer.json)
         tokenizer=ARCH_RUN_DEFAULTS[arch].get("tokenizer", "sentencepiece"),
@@ -164,16 +154,6 @@ def data_section(arch: str) -> ml_collections.ConfigDict:
         add_bos=False,              # a BOS token at the start of every packed segment
         add_eos=True,               # an EOS token at the end of every document
         eval_fraction=0.05,         # share of documents held out (local sources)
-        paths="",                   # source=files: comma-separated paths or globs (.txt/.jsonl);
-                                    # source=array_record: the folder of prepared shards
-        text_key="text",            # source=files: the text field of .jsonl records; tfds: the
-                                    # text feature
-        seqio_task="",              # source=seqio: a registered task ("" = the C4 task)
-        seqio_eval_split="validation",
-        tfds_data_dir="",           # source=seqio/tfds: a prepared tfds data_dir (local, gs://)
-        tfds_name="",               # source=tfds: e.g. "c4/en:3.1.0" (prepared, never downloaded)
-        tfds_train_split="train",   # source=tfds: split names (tfds slicing allowed)
-        tfds_eval_split="validation",
         packing="segments",         # one of PACKINGS: "segments" = chunks packed with segment
                                     # ids; "concat" = documents joined with EOS, no segment ids
         max_epochs=4.0,             # refuse runs repeating the training split more often
@@ -184,16 +164,9 @@ def data_section(arch: str) -> ml_collections.ConfigDict:
                                     # bpe trains in ~2 s on the docs corpus, unigram in ~20 s
         sp_input_sentence_size=100_000,  # sentences sampled to train SentencePiece
         cache_dir="",               # "" = $GATED_ATTENTION_CACHE or ~/.cache/gated_attention
-        # source=bigram_backcopy (data/bigram_backcopy.py): the synthetic sink task's chain
-        # over model.vocab_size tokens (BOS = 0); sequences are drawn from shuffle_seed.
-        backcopy_triggers=3,        # how many of the most frequent tokens trigger a copy
-        backcopy_alpha=0.1,         # Dirichlet concentration of the chain's rows
-        backcopy_seed=0,            # seed of the chain itself
-        # source=passkey (data/passkey.py): rows packed with marked pass keys ("#<key>." in
-        # filler, then " #" and the key), a task on which a tiny model learns retrieval.
-        passkey_digits=10,          # digits of each key
-        passkey_min_tokens=24,      # shortest example (at least what "#<key>. #<key>" takes)
-        passkey_answer_only=True,   # the loss on the answer keys only (else on every token)
+        # Each source's own fields (seqio_*, tfds_*, backcopy_*, passkey_*, paths, ...), with
+        # their defaults and meaning in the source's module (data/registry.py lists them).
+        **data_registry.source_fields(),
     ))
 
 
@@ -266,26 +239,13 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]
 
 
 def variant_from_config(config: ml_collections.ConfigDict) -> AttentionVariant:
-    fields = {k: config.attention[k] for k in _VARIANT_FIELDS if k in config.attention}
-    unknown = set(config.attention.keys()) - set(_VARIANT_FIELDS)
-    if unknown:
-        raise ConfigError(f"attention.{sorted(unknown)[0]} is not a variant field; allowed: "
-                          f"{', '.join(_VARIANT_FIELDS)}")
-    try:
-        return AttentionVariant(**fields)
-    except VariantError as err:
-        raise ConfigError(f"attention: {err}") from None
+    """`config.attention` as a validated AttentionVariant (model_config checks it)."""
+    return model_config_lib.variant_from_section(config.attention)
 
 
 def variant_label(config: ml_collections.ConfigDict) -> str:
-    """The variant's name as the fields say: the paper variant `config.attention` was copied
-    from (attention.name), then "+field=value" for each axis set apart from it."""
-    variant = variant_from_config(config)
-    base = variant.name.split("+")[0]
-    reference = VARIANTS.get(base, AttentionVariant(name=base))
-    changed = [f"{k}={getattr(variant, k)}" for k in _VARIANT_FIELDS
-               if k != "name" and getattr(variant, k) != getattr(reference, k)]
-    return "+".join([base, *changed])
+    """The variant's name as `config.attention` says (model_config.variant_label)."""
+    return model_config_lib.variant_label(config.attention)
 
 
 def check_labels(config: ml_collections.ConfigDict) -> None:
@@ -319,75 +279,18 @@ def check_labels(config: ml_collections.ConfigDict) -> None:
 
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
-    """The frozen ModelConfig for a run config, validated (raises ConfigError, never compiles)."""
+    """The frozen ModelConfig for a run config, validated by model_config (raises ConfigError,
+    never compiles); Table 2's narrowed FFN applied when model.narrow_ffn_to_match_baseline."""
     _choice("arch", config.arch, ARCHS)
-    variant = variant_from_config(config)
-    fields = {k: config.model[k] for k in _MODEL_FIELDS if k in config.model}
-    block_sizes = tuple((k, int(v)) for k, v in config.model.block_sizes.items() if v)
-    try:
-        rope_scaling = rope_scaling_from_config(config.model.get("rope_scaling"))
-        cfg = ModelConfig(variant=variant, block_sizes=block_sizes, rope_scaling=rope_scaling,
-                          **fields)
-    except (ValueError, VariantError) as err:
-        raise ConfigError(str(err)) from None
+    cfg = model_config_lib.from_sections(config.model, config.attention)
     if config.model.get("narrow_ffn_to_match_baseline", False):
         cfg = narrow_ffn_to_match_baseline(cfg)
     return cfg
 
 
 def rope_scaling_from_config(section: ml_collections.ConfigDict | None) -> RopeScaling:
-    """`config.model.rope_scaling` as a validated RopeScaling (absent in older run configs)."""
-    if section is None:
-        return RopeScaling()
-    allowed = [f.name for f in dataclasses.fields(RopeScaling)]
-    unknown = set(section.keys()) - set(allowed)
-    if unknown:
-        raise ConfigError(f"model.rope_scaling.{sorted(unknown)[0]} is not a field; allowed: "
-                          f"{', '.join(allowed)}")
-    return RopeScaling(**dict(section))
-
-
-def init_from_steps(source: str) -> list[int]:
-    """The checkpoint steps of the run at `source` (train.init_from), oldest first."""
-    from gated_attention import paths
-
-    directory = paths.resolve(source) / "checkpoints"
-    if not directory.exists():
-        return []
-    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
-
-
-def check_init_from(config: ml_collections.ConfigDict, cfg: ModelConfig) -> None:
-    """train.init_from must be a run workdir with checkpoints (train.init_from_step among them;
-    0 = the latest) whose parameters have exactly this model's names and shapes: checked from
-    both configs, abstractly, before anything is compiled or written."""
-    import json
-
-    from flax import nnx
-
-    from gated_attention import paths
-    from gated_attention.model import abstract_model
-
-    source, step = str(config.train.init_from), int(config.train.get("init_from_step", 0))
-    saved, steps = paths.resolve(source) / "config.json", init_from_steps(source)
-    _check(saved.exists() and bool(steps), f"train.init_from={source!r} is not a run workdir "
-           "with checkpoints (e.g. a shorter run of this model, or one written by "
-           "`python -m gated_attention.convert from_hf`)")
-    _check(step >= 0, f"train.init_from_step={step} must be >= 0 (0 = the latest checkpoint)")
-    _check(not step or step in steps, f"train.init_from_step={step} is not among the "
-           f"checkpoints of {source}: {steps}")
-    theirs = model_config(ml_collections.ConfigDict(json.loads(saved.read_text())))
-
-    def shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-        state = nnx.state(abstract_model(model_cfg), nnx.Param)
-        return {".".join(map(str, path)): tuple(v.get_value().shape)
-                for path, v in nnx.to_flat_state(state)}
-
-    ours, source_shapes = shapes(cfg), shapes(theirs)
-    for name in sorted(set(ours) | set(source_shapes)):
-        _check(ours.get(name) == source_shapes.get(name),
-               f"train.init_from={source!r} has parameter {name} of shape "
-               f"{source_shapes.get(name)}, this model needs {ours.get(name)}")
+    """`config.model.rope_scaling` as a validated RopeScaling (model_config checks it)."""
+    return model_config_lib.rope_scaling_from_section(section)
 
 
 def narrow_ffn_to_match_baseline(cfg: ModelConfig) -> ModelConfig:
@@ -455,131 +358,17 @@ def check_epochs(config: ml_collections.ConfigDict, data_summary: dict[str, Any]
 
 
 def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
-    """Check every data/train/optimizer field (and the model via model_config) before compiling.
+    """Check every field before compiling, each section by its owner: the labels here, the
+    model and attention sections by model_config, data by data/registry.py (and the source's
+    module), train by train_config, optimizer by optim. No file is read: what the fields name
+    is opened (and checked) by data.registry.check_files and init_from.check_source.
 
     Returns the ModelConfig; raises ConfigError naming the field and its allowed values.
     The variant label is brought in line with the fields first (check_labels).
     """
     check_labels(config)
     cfg = model_config(config)
-    data, train, opt = config.data, config.train, config.optimizer
-    _choice("data.source", data.source, DATA_SOURCES)
-    _choice("data.tokenizer", data.tokenizer, TOKENIZERS)
-    _choice("data.sp_model_type", data.sp_model_type, SENTENCEPIECE_MODELS)
-    _check(data.seq_len >= 2, f"data.seq_len={data.seq_len} must be >= 2")
-    _check(0.0 < data.eval_fraction < 1.0,
-           f"data.eval_fraction={data.eval_fraction} must be in (0, 1)")
-    _choice("data.packing", data.packing, PACKINGS)
-    _check(data.packing != "concat" or data.add_eos, "data.packing='concat' joins documents "
-           "with EOS: it needs data.add_eos=True")
-    _check(data.max_epochs > 0, f"data.max_epochs={data.max_epochs} must be > 0")
-    _check(data.sp_input_sentence_size > 0,
-           f"data.sp_input_sentence_size={data.sp_input_sentence_size} must be > 0")
-    if data.tokenizer == "byte":
-        from gated_attention.data.tokenizer import BYTE_VOCAB_SIZE
-
-        _check(cfg.vocab_size >= BYTE_VOCAB_SIZE,
-               f"data.tokenizer='byte' needs model.vocab_size >= {BYTE_VOCAB_SIZE} (256 bytes "
-               f"+ pad, bos, eos); got {cfg.vocab_size}")
-    elif data.tokenizer == "hf" and not (data.source == "array_record"
-                                         and not data.tokenizer_path):  # the shards' own
-        _check(bool(data.tokenizer_path), "data.tokenizer='hf' needs data.tokenizer_path (a "
-               "tokenizer.json file)")
-        from gated_attention.data import hf_tokenizer
-
-        try:  # reads the file once: the vocab check comes before any compile or write
-            hf_tokenizer.check_vocab(hf_tokenizer.HFTokenizer(data.tokenizer_path),
-                                     cfg.vocab_size)
-        except hf_tokenizer.HFTokenizerError as err:
-            raise ConfigError(str(err)) from None
-    elif data.source not in ("seqio", "bigram_backcopy"):
-        _check(cfg.vocab_size >= 64, f"model.vocab_size={cfg.vocab_size} must be >= 64 for a "
-               "SentencePiece tokenizer")
-    if data.source == "files":
-        _check(bool(data.paths.strip()), "data.source='files' needs data.paths (comma-separated "
-               "paths or globs of .txt / .jsonl files)")
-    from gated_attention.paths import is_local
-
-    _check(is_local(data.cache_dir), f"data.cache_dir={data.cache_dir!r} must be a local folder "
-           "(each host's own cache); the workdir and data.paths may be in a bucket")
-    if data.source == "passkey":
-        _check(data.tokenizer == "byte" or bool(data.tokenizer_path), "data.source='passkey' "
-               "generates its text: it needs data.tokenizer='byte' or a data.tokenizer_path "
-               "(nothing to train a tokenizer on)")
-        _check(1 <= data.passkey_digits <= 18,
-               f"data.passkey_digits={data.passkey_digits} must be in 1..18")
-        _check(data.passkey_min_tokens >= 1,
-               f"data.passkey_min_tokens={data.passkey_min_tokens} must be >= 1")
-    if data.source == "bigram_backcopy":
-        _check(1 <= data.backcopy_triggers <= cfg.vocab_size - 3,
-               f"data.backcopy_triggers={data.backcopy_triggers} must be in 1..model.vocab_size"
-               f" - 3 = {cfg.vocab_size - 3} (BOS and two other tokens stay non-triggers)")
-        _check(data.backcopy_alpha > 0,
-               f"data.backcopy_alpha={data.backcopy_alpha} must be > 0 (Dirichlet concentration)")
-    if data.tokenizer_path:
-        from gated_attention.paths import resolve
-
-        _check(resolve(data.tokenizer_path).exists(),
-               f"data.tokenizer_path={data.tokenizer_path!r} does not exist (a tokenizer file: "
-               "SentencePiece .model or tokenizer.json; leave it empty to train one)")
-    if data.source == "files":
-        import glob
-
-        for part in filter(None, (p.strip() for p in data.paths.split(","))):
-            _check(not is_local(part) or bool(glob.glob(os.path.expanduser(part))),
-                   f"data.paths: {part!r} matches no file (comma-separated paths or globs of "
-                   ".txt / .jsonl files)")
-    if data.source == "seqio":
-        _check(bool(data.tokenizer_path or data.seqio_task), "data.source='seqio' needs "
-               "data.tokenizer_path (a SentencePiece .model file with model.vocab_size pieces) "
-               "or data.seqio_task (a registered task, which brings its vocabulary)")
-        _check(data.tokenizer == "sentencepiece", "data.source='seqio' reads a SentencePiece "
-               f"vocabulary; data.tokenizer must be 'sentencepiece', not {data.tokenizer!r}")
-    if data.source in ("tfds", "array_record", "seqio"):
-        from gated_attention.data import sources
-
-        try:  # the dataset, shards or task exist, and the shards match the tokenizer
-            sources.check(config)
-        except ValueError as err:
-            raise ConfigError(str(err).strip().splitlines()[0]) from None
-
-    _check(train.steps > 0, f"train.steps={train.steps} must be > 0")
-    _check(train.batch_size > 0, f"train.batch_size={train.batch_size} must be > 0")
-    _check(train.grad_accum >= 1, f"train.grad_accum={train.grad_accum} must be >= 1")
-    _check(train.batch_size % train.grad_accum == 0,
-           f"train.batch_size={train.batch_size} must be divisible by "
-           f"train.grad_accum={train.grad_accum} (micro-batches of equal size)")
-    for name in ("eval_every", "eval_batches", "checkpoint_every"):
-        _check(train[name] >= 0, f"train.{name}={train[name]} must be >= 0 (0 disables it)")
-    _check(train.log_every > 0, f"train.log_every={train.log_every} must be > 0")
-    _check(train.keep_checkpoints >= 1,
-           f"train.keep_checkpoints={train.keep_checkpoints} must be >= 1")
-    for name in ("z_loss", "moe_aux_weight", "moe_z_loss_weight"):
-        _check(train[name] >= 0, f"train.{name}={train[name]} must be >= 0")
-    if train.get("init_from"):  # the other run's parameters must fit this model
-        check_init_from(config, cfg)
-    _check(train.spike_factor > 1.0, f"train.spike_factor={train.spike_factor} must be > 1")
-    _check(0.0 <= train.spike_ema < 1.0, f"train.spike_ema={train.spike_ema} must be in [0, 1)")
-    _choice("train.on_nonfinite", train.get("on_nonfinite", "stop"), ON_NONFINITE)
-    _check(train.get("max_skipped", 1) >= 1,
-           f"train.max_skipped={train.get('max_skipped')} must be >= 1")
-    _check(isinstance(train.get("init_by_name", False), bool),
-           f"train.init_by_name={train.get('init_by_name')!r} must be True or False")
-    every = train.get("telemetry_every", 0)
-    _check(isinstance(every, int) and not isinstance(every, bool) and every >= 0,
-           f"train.telemetry_every={every!r} must be an integer >= 0 (0 = off)")
-    for name in ("step_timeout_s", "first_step_timeout_s"):
-        _check(train.get(name, 0.0) >= 0,
-               f"train.{name}={train.get(name)} must be >= 0 seconds (0 turns the watchdog off)")
-
-    _check(opt.peak_lr > 0, f"optimizer.peak_lr={opt.peak_lr} must be > 0")
-    _check(0 <= opt.final_lr <= opt.peak_lr,
-           f"optimizer.final_lr={opt.final_lr} must be in [0, peak_lr={opt.peak_lr}]")
-    _check(0 <= opt.warmup_steps <= train.steps,
-           f"optimizer.warmup_steps={opt.warmup_steps} must be in [0, train.steps={train.steps}]")
-    for name in ("b1", "b2"):
-        _check(0.0 <= opt[name] < 1.0, f"optimizer.{name}={opt[name]} must be in [0, 1)")
-    _check(opt.eps > 0, f"optimizer.eps={opt.eps} must be > 0")
-    _check(opt.weight_decay >= 0, f"optimizer.weight_decay={opt.weight_decay} must be >= 0")
-    _check(opt.clip_norm >= 0, f"optimizer.clip_norm={opt.clip_norm} must be >= 0 (0 = off)")
+    data_registry.check_section(config, cfg)
+    train_config.check_section(config.train)
+    optim.check_section(config.optimizer, config.train.steps)
     return cfg

@@ -33,6 +33,7 @@ from flax import nnx
 
 from gated_attention import paths
 from gated_attention.config_lib import ConfigError
+from gated_attention.data import registry as data_registry
 from gated_attention.model import per_layer
 
 
@@ -61,7 +62,8 @@ def from_hf(hf_dir: str | os.PathLike[str], workdir: str | os.PathLike[str], *,
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if has_tokenizer:
-        config_lib.validate_run_config(config)  # the tokenizer fits the vocabulary
+        config_lib.validate_run_config(config)
+        data_registry.check_files(config)  # the tokenizer fits the vocabulary
         if config.data.get("tokenizer_path"):  # the workdir's copy
             config.data.tokenizer_path = str(root / pathlib.Path(config.data.tokenizer_path).name)
     else:

@@ -6,7 +6,7 @@ learning-rate schedule, step 0, its own data and sequence length, and any RoPE b
 scaling. This is how a model trained at 256 tokens continues at 1024 with RoPE base 1M, as
 the paper's long-context recipe does (base 10k -> 1M, continued training at 32k).
 
-Only parameters are read; the source run is never written. config_lib.check_init_from checks
+Only parameters are read; the source run is never written. `check_source` checks
 the source (a run with checkpoints whose parameters fit this model) before anything is
 compiled or written. A run that already holds its own checkpoint resumes from that one, so a
 killed continued run picks up where it stopped.
@@ -14,12 +14,18 @@ killed continued run picks up where it stopped.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import ml_collections
 import orbax.checkpoint as ocp
+from flax import nnx
 
 from gated_attention import checkpoint as checkpoint_lib
 from gated_attention import config_lib, paths
+from gated_attention.config_checks import require
+from gated_attention.model import abstract_model
+from gated_attention.model_config import ModelConfig
 
 
 def restore_params(source: str, step: int, abstract_params: Any, shardings: Any) -> Any:
@@ -43,7 +49,40 @@ def initial_state(config: Any, state: dict[str, Any],
     source = config.train.get("init_from", "")
     if not source:
         return state
-    step = config.train.get("init_from_step", 0) or config_lib.init_from_steps(source)[-1]
+    step = config.train.get("init_from_step", 0) or init_from_steps(source)[-1]
     params = restore_params(source, step, spec.abstract["params"], spec.shardings["params"])
     print(f"Initialised the parameters from {source} (step {step}); fresh optimizer, step 0.")
     return {**state, "params": params}
+
+
+def init_from_steps(source: str) -> list[int]:
+    """The checkpoint steps of the run at `source` (train.init_from), oldest first."""
+    directory = paths.resolve(source) / "checkpoints"
+    if not directory.exists():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def check_source(config: Any, cfg: ModelConfig) -> None:
+    """train.init_from must be a run workdir with checkpoints (train.init_from_step among them;
+    0 = the latest) whose parameters have exactly this model's names and shapes: checked from
+    both configs, abstractly, before anything is compiled or written."""
+    source, step = str(config.train.init_from), int(config.train.get("init_from_step", 0))
+    saved, steps = paths.resolve(source) / "config.json", init_from_steps(source)
+    require(saved.exists() and bool(steps), f"train.init_from={source!r} is not a run workdir "
+            "with checkpoints (e.g. a shorter run of this model, or one written by "
+            "`python -m gated_attention.convert from_hf`)")
+    require(not step or step in steps, f"train.init_from_step={step} is not among the "
+            f"checkpoints of {source}: {steps}")
+    theirs = config_lib.model_config(ml_collections.ConfigDict(json.loads(saved.read_text())))
+
+    def shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+        state = nnx.state(abstract_model(model_cfg), nnx.Param)
+        return {".".join(map(str, path)): tuple(v.get_value().shape)
+                for path, v in nnx.to_flat_state(state)}
+
+    ours, source_shapes = shapes(cfg), shapes(theirs)
+    for name in sorted(set(ours) | set(source_shapes)):
+        require(ours.get(name) == source_shapes.get(name),
+                f"train.init_from={source!r} has parameter {name} of shape "
+                f"{source_shapes.get(name)}, this model needs {ours.get(name)}")

@@ -6,15 +6,17 @@ model and attention sections."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from gated_attention.config_checks import ConfigError, choice, require
 from gated_attention.layers.moe_ops import MOE_IMPLS
 from gated_attention.layers.rope import NO_SCALING, RopeScaling
 from gated_attention.ops import IMPLS as ATTENTION_IMPLS
-from gated_attention.variants import AttentionVariant
+from gated_attention.variants import VARIANTS, AttentionVariant, VariantError
 
 # model.remat -> the jax.checkpoint policy of each decoder block ("full" saves only the block
 # input); "none" runs without rematerialisation. ModelConfig checks model.remat against these.
@@ -99,46 +101,91 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads",
                      "head_dim", "mlp_dim"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"model.{name}={getattr(self, name)} must be > 0")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"model.dtype={self.dtype!r} is not allowed; choose one of "
-                             f"{', '.join(DTYPES)}")
-        if self.remat not in REMAT_CHOICES:
-            raise ValueError(f"model.remat={self.remat!r} is not allowed; choose one of "
-                             f"{', '.join(REMAT_CHOICES)}")
-        if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(f"model.attention_impl={self.attention_impl!r} is not allowed; "
-                             f"choose one of {', '.join(ATTENTION_IMPLS)}")
-        if self.head_dim % 2:
-            raise ValueError(f"model.head_dim={self.head_dim} must be even for RoPE")
-        if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim % 2 or not self.rotary_dim:
-            raise ValueError(f"model.partial_rotary_factor={self.partial_rotary_factor} must be in "
-                             "(0, 1] and rotate an even, non-zero number of head_dim channels")
-        if self.shared_expert_mlp_dim and not self.is_moe:
-            raise ValueError(f"model.shared_expert_mlp_dim={self.shared_expert_mlp_dim} needs an "
-                             "MoE arch (model.num_experts > 0); only 0 for a dense FFN")
-        if self.shared_expert_mlp_dim < 0:
-            raise ValueError(f"model.shared_expert_mlp_dim={self.shared_expert_mlp_dim} must be "
-                             ">= 0 (0: no shared expert)")
-        if self.qkv_bias and self.variant.switch_target != "none":
-            raise ValueError("model.qkv_bias=True needs plain k/v projections; variant "
-                             f"{self.variant.name!r} uses Switch-Head projections (switch_target="
-                             f"{self.variant.switch_target!r})")
+            require(getattr(self, name) > 0, f"model.{name}={getattr(self, name)} must be > 0")
+        choice("model.dtype", self.dtype, DTYPES)
+        choice("model.remat", self.remat, REMAT_CHOICES)
+        choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        require(not self.head_dim % 2, f"model.head_dim={self.head_dim} must be even for RoPE")
+        require(0 < self.partial_rotary_factor <= 1 and not self.rotary_dim % 2
+                and self.rotary_dim > 0,
+                f"model.partial_rotary_factor={self.partial_rotary_factor} must be in (0, 1] "
+                "and rotate an even, non-zero number of head_dim channels")
+        require(not self.shared_expert_mlp_dim or self.is_moe,
+                f"model.shared_expert_mlp_dim={self.shared_expert_mlp_dim} needs an MoE arch "
+                "(model.num_experts > 0); only 0 for a dense FFN")
+        require(self.shared_expert_mlp_dim >= 0,
+                f"model.shared_expert_mlp_dim={self.shared_expert_mlp_dim} must be >= 0 "
+                "(0: no shared expert)")
+        require(not self.qkv_bias or self.variant.switch_target == "none",
+                f"model.qkv_bias=True needs plain k/v projections; variant "
+                f"{self.variant.name!r} uses Switch-Head projections (switch_target="
+                f"{self.variant.switch_target!r})")
         self.heads  # noqa: B018 - validates GQA divisibility after the variant's deltas
-        if self.variant.extra_experts and not self.is_moe:
-            raise ValueError(f"variant {self.variant.name!r} adds experts, which needs an MoE "
-                             "arch (model.num_experts > 0), e.g. arch=moe_15a2b or tiny_moe")
+        require(not self.variant.extra_experts or self.is_moe,
+                f"variant {self.variant.name!r} adds experts, which needs an MoE arch "
+                "(model.num_experts > 0), e.g. arch=moe_15a2b or tiny_moe")
         if self.is_moe:
             experts, top_k = self.experts
-            if not 1 <= top_k <= experts:
-                raise ValueError(f"model.experts_per_token={self.experts_per_token} must be in "
-                                 f"1..num_experts={self.num_experts}")
-            if self.expert_mlp_dim <= 0:
-                raise ValueError("model.expert_mlp_dim must be > 0 for an MoE arch")
-            if self.moe_impl not in MOE_IMPLS:
-                raise ValueError(f"model.moe_impl={self.moe_impl!r} is not allowed; choose one "
-                                 f"of {', '.join(MOE_IMPLS)}")
-            if self.moe_capacity_factor < 0:
-                raise ValueError(f"model.moe_capacity_factor={self.moe_capacity_factor} must "
-                                 "be >= 0 (0 means dropless)")
+            require(1 <= top_k <= experts, f"model.experts_per_token={self.experts_per_token} "
+                    f"must be in 1..num_experts={self.num_experts}")
+            require(self.expert_mlp_dim > 0, f"model.expert_mlp_dim={self.expert_mlp_dim} must "
+                    "be > 0 for an MoE arch")
+            choice("model.moe_impl", self.moe_impl, MOE_IMPLS)
+            require(self.moe_capacity_factor >= 0, f"model.moe_capacity_factor="
+                    f"{self.moe_capacity_factor} must be >= 0 (0 means dropless)")
+
+
+# The model section's fields that are ModelConfig fields as they are (the other three are
+# built from sub-sections: the variant from config.attention, block_sizes, rope_scaling).
+MODEL_FIELDS = ({f.name for f in dataclasses.fields(ModelConfig)}
+                - {"variant", "block_sizes", "rope_scaling"})
+VARIANT_FIELDS = [f.name for f in dataclasses.fields(AttentionVariant)]
+
+
+def variant_from_section(attention: Mapping[str, Any]) -> AttentionVariant:
+    """`config.attention` as a validated AttentionVariant (unknown fields refused)."""
+    unknown = set(attention.keys()) - set(VARIANT_FIELDS)
+    if unknown:
+        raise ConfigError(f"attention.{sorted(unknown)[0]} is not a variant field; allowed: "
+                          f"{', '.join(VARIANT_FIELDS)}")
+    try:
+        return AttentionVariant(**{k: attention[k] for k in VARIANT_FIELDS if k in attention})
+    except VariantError as err:
+        raise ConfigError(f"attention: {err}") from None
+
+
+def variant_label(attention: Mapping[str, Any]) -> str:
+    """The variant's name as the fields say: the paper variant `config.attention` was copied
+    from (attention.name), then "+field=value" for each axis set apart from it."""
+    variant = variant_from_section(attention)
+    base = variant.name.split("+")[0]
+    reference = VARIANTS.get(base, AttentionVariant(name=base))
+    changed = [f"{k}={getattr(variant, k)}" for k in VARIANT_FIELDS
+               if k != "name" and getattr(variant, k) != getattr(reference, k)]
+    return "+".join([base, *changed])
+
+
+def rope_scaling_from_section(section: Mapping[str, Any] | None) -> RopeScaling:
+    """`config.model.rope_scaling` as a validated RopeScaling (absent in older run configs)."""
+    if section is None:
+        return RopeScaling()
+    allowed = [f.name for f in dataclasses.fields(RopeScaling)]
+    unknown = set(section.keys()) - set(allowed)
+    if unknown:
+        raise ConfigError(f"model.rope_scaling.{sorted(unknown)[0]} is not a field; allowed: "
+                          f"{', '.join(allowed)}")
+    try:
+        return RopeScaling(**dict(section))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def from_sections(model: Mapping[str, Any], attention: Mapping[str, Any]) -> ModelConfig:
+    """The validated ModelConfig of a run config's model and attention sections (raises
+    ConfigError naming the field, before anything is built)."""
+    variant = variant_from_section(attention)
+    fields = {k: model[k] for k in MODEL_FIELDS if k in model}
+    block_sizes = tuple((k, int(v)) for k, v in model["block_sizes"].items() if v)
+    rope_scaling = rope_scaling_from_section(model.get("rope_scaling"))
+    return ModelConfig(variant=variant, block_sizes=block_sizes, rope_scaling=rope_scaling,
+                       **fields)

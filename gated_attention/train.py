@@ -310,6 +310,10 @@ def check_run(config: Any, devices: list[Any] | None = None
     The one place a run's config is validated; raises ConfigError naming the field.
     """
     cfg = config_lib.validate_run_config(config)
+    if config.train.get("init_from"):  # reads the source run: its parameters fit this model
+        from gated_attention.init_from import check_source
+
+        check_source(config, cfg)
     try:
         rules = _rules(config)
         mesh = sharding.create_mesh(config.mesh, devices)

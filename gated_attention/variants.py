@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 # Kernel vocabularies live with the kernels (ops/); a variant only chooses among them.
+from gated_attention.config_checks import ConfigError
 from gated_attention.ops import GATE_ACTIVATIONS as ACTIVATIONS
 from gated_attention.ops import NORMALIZERS
 
@@ -27,7 +28,7 @@ SWITCH_TARGETS = ("none", "v", "kv")
 GATE_INITS = ("normal", "zeros")
 
 
-class VariantError(ValueError):
+class VariantError(ConfigError):
     """A variant field holds a value outside its allowed set, or fields contradict."""
 
 

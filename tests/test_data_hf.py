@@ -8,7 +8,7 @@ import pytest
 from data_fixtures import texts, train_bpe, write_jsonl
 
 from gated_attention import config_lib
-from gated_attention.data import hf_tokenizer, tokenizer
+from gated_attention.data import hf_tokenizer, registry, tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +78,7 @@ def test_bad_tokenizer_settings_are_one_line_config_errors(bpe, tmp_path, change
         section, field = key.split("__")
         config[section][field] = value
     with pytest.raises(config_lib.ConfigError, match=message) as err:
-        config_lib.validate_run_config(config)
+        config_lib.validate_run_config(config)  # the fields
+        registry.check_files(config)  # then the tokenizer file they name
     assert "\n" not in str(err.value)
     assert not (tmp_path / "run").exists()

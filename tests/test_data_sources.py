@@ -15,6 +15,7 @@ from gated_attention.data import (
     corpus,
     pipeline,
     prepare,
+    registry,
     seqio_source,
     streams,
     tfds_source,
@@ -144,9 +145,15 @@ def test_array_record_batches_resume_exactly_mid_shard(world, tmp_path):
                 np.testing.assert_array_equal(a[key], b[key])
 
 
+def _checked(config):
+    """The checks a run makes before compiling: the fields, then the files they name."""
+    config_lib.validate_run_config(config)
+    registry.check_files(config)
+
+
 def _error(config):
     with pytest.raises(config_lib.ConfigError) as err:
-        config_lib.validate_run_config(config)
+        _checked(config)
     assert "\n" not in str(err.value)
     return str(err.value)
 
@@ -167,9 +174,8 @@ def test_bad_sources_are_one_line_errors_naming_the_field(world, tmp_path):
                                     "tokenizer (sentencepiece")
     assert "data.tokenizer='hf'" in _error(other)
     # Left empty, data.tokenizer_path means the shards' own tokenizer: accepted.
-    config_lib.validate_run_config(_config(root, tokenizer_kind="sentencepiece", vocab=400,
-                                           source="array_record", paths=folder,
-                                           tokenizer_path=""))
+    _checked(_config(root, tokenizer_kind="sentencepiece", vocab=400, source="array_record",
+                     paths=folder, tokenizer_path=""))
     unknown = _config(root, tfds_name="no_such_dataset_here")
     assert _error(unknown).startswith("data.tfds_name='no_such_dataset_here' is not found in "
                                       f"data.tfds_data_dir='{root}/tfds'")

@@ -108,10 +108,10 @@ def test_convert_refuses_before_writing(hf_folder, tmp_path):
     config.train.init_from = str(tmp_path / "run")
     with pytest.raises(config_lib.ConfigError, match=r"has parameter embed of shape \(320, 32\), "
                                                      r"this model needs \(1024, 128\)"):
-        config_lib.validate_run_config(config)
+        train.check_run(config)  # the run's checks before compiling (init_from's source too)
     config.train.init_from = str(tmp_path / "busy")
     with pytest.raises(config_lib.ConfigError, match="is not a run workdir with checkpoints"):
-        config_lib.validate_run_config(config)
+        train.check_run(config)
 
 
 def _greedy_text(model, config, tokenizer, prompt: str = "The import statement") -> str:

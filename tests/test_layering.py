@@ -29,6 +29,7 @@ FLOORS: dict[str, int] = {
     "gated_attention.watchdog": 1,
     "gated_attention.cuda_compile": 1,
     "gated_attention.errors": 1,
+    "gated_attention.config_checks": 1,
     # 2: what the model is made of: the variant space, the model description, layers.
     "gated_attention.variants": 2,
     "gated_attention.layers": 2,
@@ -41,6 +42,7 @@ FLOORS: dict[str, int] = {
     # 4: training, its inputs and outputs, the run config, analysis of runs.
     "gated_attention.train": 4,
     "gated_attention.optim": 4,
+    "gated_attention.train_config": 4,
     "gated_attention.checkpoint": 4,
     "gated_attention.metrics_writer": 4,
     "gated_attention.workdir": 4,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gated_attention import config_lib
-from gated_attention.data import corpus, packing, pipeline, seqio_source, tokenizer
+from gated_attention.data import corpus, packing, pipeline, registry, seqio_source, tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +94,7 @@ def test_a_users_task_module_is_imported_and_brings_its_vocabulary(texts_and_voc
     with pytest.raises(config_lib.ConfigError, match=r"^data.seqio_task='ga_user_task' is not "
                        r"a registered seqio task or mixture; .* --seqio_module=that.module$"):
         config_lib.validate_run_config(config)
+        registry.check_files(config)  # opens the task
     with pytest.raises(ImportError, match=r"--seqio_module='ga_no_such_module' cannot be"):
         import_modules("ga_no_such_module")
     import_modules("ga_user_tasks")

@@ -24,7 +24,10 @@ import numpy as np
 
 from gated_attention import paths
 from gated_attention.data import streams
+from gated_attention.errors import UserError
 
+FIELDS = dict(paths="")  # the folder of prepared shards (source=files: paths or globs)
+TOKENIZER_IN_DATA = True  # the folder holds the tokenizer it was made with
 MANIFEST = "manifest.json"
 FORMAT = "gated_attention.token_shards/v1"
 TRAIN, HELD_OUT = "train", "held_out"
@@ -32,7 +35,7 @@ TRAIN, HELD_OUT = "train", "held_out"
 READ_OPTIONS = grain.ReadOptions(num_threads=4, prefetch_buffer_size=256)
 
 
-class ShardError(ValueError):
+class ShardError(UserError):
     """The shard folder is missing, incomplete, or made with another tokenizer."""
 
 
@@ -99,8 +102,8 @@ def check_matches(config: Any, manifest: dict[str, Any], tokenizer: Any) -> None
                          f"{manifest['add_eos']}, but data.add_eos={data.add_eos}")
 
 
-def check(config: Any) -> dict[str, Any]:
-    """Before compiling (config validation): a complete folder made with this tokenizer."""
+def check_files(config: Any) -> dict[str, Any]:
+    """Before compiling (registry.check_files): a complete folder made with this tokenizer."""
     manifest = read_manifest(config.data.paths)
     check_matches(config, manifest, run_tokenizer(config, manifest))
     return manifest

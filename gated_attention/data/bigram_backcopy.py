@@ -25,6 +25,7 @@ import grain
 import numpy as np
 
 from gated_attention import paths
+from gated_attention.config_checks import require
 from gated_attention.data.inputs import Inputs
 from gated_attention.data.packing import Batch
 from gated_attention.distributed import host_rows
@@ -96,6 +97,24 @@ def make_chain(vocab_size: int, num_triggers: int, alpha: float, seed: int) -> C
 def chain_from_config(data_config: Any, vocab_size: int) -> Chain:
     return make_chain(vocab_size, int(data_config.backcopy_triggers),
                       float(data_config.backcopy_alpha), int(data_config.backcopy_seed))
+
+
+# The chain over model.vocab_size tokens (BOS = 0); sequences are drawn from data.shuffle_seed.
+FIELDS = dict(
+    backcopy_triggers=3,  # how many of the most frequent tokens trigger a copy
+    backcopy_alpha=0.1,   # Dirichlet concentration of the chain's rows
+    backcopy_seed=0,      # seed of the chain itself
+)
+OWN_VOCABULARY = True  # the chain's states are the token ids: no tokenizer
+
+
+def check(config: Any, cfg: Any) -> None:
+    data = config.data
+    require(1 <= data.backcopy_triggers <= cfg.vocab_size - 3,
+            f"data.backcopy_triggers={data.backcopy_triggers} must be in 1..model.vocab_size - 3"
+            f" = {cfg.vocab_size - 3} (BOS and two other tokens stay non-triggers)")
+    require(data.backcopy_alpha > 0,
+            f"data.backcopy_alpha={data.backcopy_alpha} must be > 0 (Dirichlet concentration)")
 
 
 def sample_sequences(chain: Chain, rows: int, length: int, rng: np.random.Generator

@@ -27,7 +27,8 @@ import grain
 import numpy as np
 
 from gated_attention import paths
-from gated_attention.analysis import retrieval_tasks
+from gated_attention.config_checks import require
+from gated_attention.data import retrieval_tasks
 from gated_attention.data.inputs import Inputs, stream_tokenizer
 from gated_attention.data.packing import Batch
 from gated_attention.distributed import host_rows
@@ -35,6 +36,23 @@ from gated_attention.distributed import host_rows
 ENDLESS = 2**62  # a training stream has no end: the run's steps decide
 EVAL_STREAM = 1  # held-out batches: SeedSequence([seed, EVAL_STREAM, i]), never a training key
 READ_OPTIONS = grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)
+# Rows packed with marked pass keys ("#<key>." in filler, then " #" and the key).
+FIELDS = dict(
+    passkey_digits=10,         # digits of each key
+    passkey_min_tokens=24,     # shortest example (at least what "#<key>. #<key>" takes)
+    passkey_answer_only=True,  # the loss on the answer keys only (else on every token)
+)
+
+
+def check(config: Any, cfg: Any) -> None:
+    data = config.data
+    require(data.tokenizer == "byte" or bool(data.tokenizer_path), "data.source='passkey' "
+            "generates its text: it needs data.tokenizer='byte' or a data.tokenizer_path "
+            "(nothing to train a tokenizer on)")
+    require(1 <= data.passkey_digits <= 18,
+            f"data.passkey_digits={data.passkey_digits} must be in 1..18")
+    require(data.passkey_min_tokens >= 1,
+            f"data.passkey_min_tokens={data.passkey_min_tokens} must be >= 1")
 
 
 def packed_batch(tokenizer: Any, seq_len: int, batch_size: int, index: int, *, seed: int = 0,

@@ -74,7 +74,7 @@ def _tfds_splits(config: Any) -> tuple[Any, dict[str, Iterator[str]], dict[str, 
     from gated_attention.data.inputs import stream_tokenizer
 
     data = config.data
-    tfds_source.check(data)
+    tfds_source.check_dataset(data)
     builder = tfds_source.open_builder(data)
     tok = stream_tokenizer(config)
 

@@ -26,9 +26,31 @@ from typing import Any
 import grain
 import numpy as np
 
+from gated_attention.config_checks import require
 from gated_attention.data import streams
 
 C4_TASK = "c4_en_gated_attention"
+FIELDS = dict(
+    seqio_task="",                  # a registered task ("" = the C4 task)
+    seqio_eval_split="validation",
+    tfds_data_dir="",               # a prepared tfds data_dir (local, gs://) the task reads
+)
+OWN_VOCABULARY = True  # the task's SentencePiece vocabulary gives the token ids
+
+
+def check(config: Any, cfg: Any) -> None:
+    data = config.data
+    require(bool(data.tokenizer_path or data.seqio_task), "data.source='seqio' needs "
+            "data.tokenizer_path (a SentencePiece .model file with model.vocab_size pieces) or "
+            "data.seqio_task (a registered task, which brings its vocabulary)")
+    require(data.tokenizer == "sentencepiece", "data.source='seqio' reads a SentencePiece "
+            f"vocabulary; data.tokenizer must be 'sentencepiece', not {data.tokenizer!r}")
+
+
+def check_files(config: Any) -> None:
+    """The registered task and its vocabulary can be opened."""
+    if config.data.seqio_task:
+        task_and_tokenizer(config, None)
 
 
 def _seqio():

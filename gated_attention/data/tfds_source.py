@@ -18,14 +18,38 @@ from typing import Any
 import numpy as np
 
 from gated_attention import paths
+from gated_attention.config_checks import require
 from gated_attention.data import streams
+from gated_attention.errors import UserError
 
 ENCODE_BLOCK = 256  # documents tokenised per call (the tokenizers batch internally)
 SHUFFLE_BUFFER = 10_000  # documents
 
 
-class TfdsSourceError(ValueError):
+FIELDS = dict(
+    tfds_data_dir="",            # a prepared tfds data_dir (local, gs://); seqio reads it too
+    tfds_name="",                # e.g. "c4/en:3.1.0" (prepared, never downloaded)
+    tfds_train_split="train",    # split names (tfds slicing allowed)
+    tfds_eval_split="validation",
+    text_key="text",             # the text feature (source=files: the .jsonl text field)
+)
+
+
+class TfdsSourceError(UserError):
     """The tfds dataset, split or feature named in the config is not there."""
+
+
+def check(config: Any, cfg: Any) -> None:
+    """A stream trains no tokenizer: a SentencePiece one must be given."""
+    data = config.data
+    require(data.tokenizer != "sentencepiece" or bool(data.tokenizer_path),
+            "data.source='tfds' streams its text: data.tokenizer='sentencepiece' needs "
+            "data.tokenizer_path (a .model file), since nothing is trained on a stream; or use "
+            "data.tokenizer='hf' or 'byte'")
+
+
+def check_files(config: Any) -> None:
+    check_dataset(config.data)
 
 
 def _tfds():
@@ -55,7 +79,7 @@ def open_builder(data_config: Any) -> Any:
     return builder
 
 
-def check(data_config: Any) -> dict[str, int]:
+def check_dataset(data_config: Any) -> dict[str, int]:
     """Before compiling: the dataset, both splits and the text feature exist.
     Returns {split: number of documents}."""
     builder = open_builder(data_config)
@@ -160,7 +184,7 @@ def build_inputs(config: Any, workdir: Any, *, process_index: int, process_count
     from gated_attention.data.pipeline import per_host_batch
 
     data, train = config.data, config.train
-    counts = check(data)
+    counts = check_dataset(data)
     builder = open_builder(data)
     tokenizer = stream_tokenizer(config, workdir)
     local_batch = per_host_batch(train.batch_size, process_count)

@@ -1,0 +1,44 @@
+"""Checks of the run config's `train` section (its defaults: config_lib.train_section).
+
+Field checks only: `train.init_from` names another run, whose files are read where they are
+opened (init_from.check_source, before anything is compiled)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gated_attention.config_checks import choice, require
+
+ON_NONFINITE = ("stop", "skip")
+
+
+def check_section(train: Any) -> None:
+    """Raise ConfigError naming the first `train.*` field out of its range."""
+    require(train.steps > 0, f"train.steps={train.steps} must be > 0")
+    require(train.batch_size > 0, f"train.batch_size={train.batch_size} must be > 0")
+    require(train.grad_accum >= 1, f"train.grad_accum={train.grad_accum} must be >= 1")
+    require(train.batch_size % train.grad_accum == 0,
+            f"train.batch_size={train.batch_size} must be divisible by "
+            f"train.grad_accum={train.grad_accum} (micro-batches of equal size)")
+    for name in ("eval_every", "eval_batches", "checkpoint_every"):
+        require(train[name] >= 0, f"train.{name}={train[name]} must be >= 0 (0 disables it)")
+    require(train.log_every > 0, f"train.log_every={train.log_every} must be > 0")
+    require(train.keep_checkpoints >= 1,
+            f"train.keep_checkpoints={train.keep_checkpoints} must be >= 1")
+    for name in ("z_loss", "moe_aux_weight", "moe_z_loss_weight"):
+        require(train[name] >= 0, f"train.{name}={train[name]} must be >= 0")
+    require(train.get("init_from_step", 0) >= 0, f"train.init_from_step="
+            f"{train.get('init_from_step')} must be >= 0 (0 = the latest checkpoint)")
+    require(train.spike_factor > 1.0, f"train.spike_factor={train.spike_factor} must be > 1")
+    require(0.0 <= train.spike_ema < 1.0, f"train.spike_ema={train.spike_ema} must be in [0, 1)")
+    choice("train.on_nonfinite", train.get("on_nonfinite", "stop"), ON_NONFINITE)
+    require(train.get("max_skipped", 1) >= 1,
+            f"train.max_skipped={train.get('max_skipped')} must be >= 1")
+    require(isinstance(train.get("init_by_name", False), bool),
+            f"train.init_by_name={train.get('init_by_name')!r} must be True or False")
+    every = train.get("telemetry_every", 0)
+    require(isinstance(every, int) and not isinstance(every, bool) and every >= 0,
+            f"train.telemetry_every={every!r} must be an integer >= 0 (0 = off)")
+    for name in ("step_timeout_s", "first_step_timeout_s"):
+        require(train.get(name, 0.0) >= 0,
+                f"train.{name}={train.get(name)} must be >= 0 seconds (0 turns the watchdog off)")

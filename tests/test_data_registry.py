@@ -1,0 +1,128 @@
+"""A data source is one module and one line in data/registry.py's SOURCES.
+
+This file is such a module: a toy counting source (token t of row r of batch i is
+(i + r + t) mod data.toy_period, shifted past the special ids), registered with one line
+(monkeypatched into SOURCES), its field added to the config by base_config, checked by
+validate_run_config and read or trained on through the normal config path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grain
+import jax
+import numpy as np
+import pytest
+
+from gated_attention import config_lib, train
+from gated_attention.config_checks import ConfigError, require
+from gated_attention.data import registry
+from gated_attention.data.inputs import Inputs
+
+# --------------------------------------------------------- the toy source (the whole module)
+FIELDS = dict(toy_period=7)  # tokens count up modulo this period
+OWN_VOCABULARY = True  # the counter's values are the token ids
+FIRST_ID = 3  # ids 0..2 are pad, bos, eos in every tokenizer of the package
+
+
+def check(config: Any, cfg: Any) -> None:
+    period = config.data.toy_period
+    require(2 <= period <= cfg.vocab_size - FIRST_ID, f"data.toy_period={period} must be in "
+            f"2..model.vocab_size - {FIRST_ID} = {cfg.vocab_size - FIRST_ID}")
+
+
+class _Counting:
+    """Random access to batch i (a grain data source: resumable by index)."""
+
+    def __init__(self, period: int, rows: int, seq_len: int, length: int):
+        self.period, self.rows, self.seq_len, self.length = period, rows, seq_len, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        grid = index + np.arange(self.rows)[:, None] + np.arange(self.seq_len + 1)[None, :]
+        tokens = (FIRST_ID + grid % self.period).astype(np.int32)
+        ones = np.ones((self.rows, self.seq_len), np.int32)
+        return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "segment_ids": ones,
+                "positions": np.broadcast_to(np.arange(self.seq_len, dtype=np.int32),
+                                             ones.shape).copy(), "mask": ones}
+
+
+def build_inputs(config: Any, workdir: Any = None, *, process_index: int = 0,
+                 process_count: int = 1) -> Inputs:
+    data, train_section = config.data, config.train
+    rows = train_section.batch_size // process_count
+    source = _Counting(int(data.toy_period), rows, int(data.seq_len), 2**62)
+    iterator = iter(grain.MapDataset.source(source).to_iter_dataset())
+    evals = [_Counting(int(data.toy_period), rows, int(data.seq_len), 1)[0]
+             for _ in range(int(train_section.eval_batches))]
+    return Inputs(iterator, evals, None, {"source": "toy_counting"})
+
+# ------------------------------------------------------------------------ the tests
+
+
+@pytest.fixture
+def toy_source(monkeypatch):
+    monkeypatch.setitem(registry.SOURCES, "toy_counting", __name__)  # the one registry line
+
+
+def toy_config(**data):
+    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config.model.update(dict(vocab_size=64, num_layers=1, d_model=32, num_heads=2,
+                             num_kv_heads=1, head_dim=16, mlp_dim=64))
+    config.data.update(dict(source="toy_counting", seq_len=16, **data))
+    config.train.update(dict(steps=3, batch_size=4, eval_every=0, eval_batches=1, log_every=1,
+                             checkpoint_every=0, telemetry_every=0))
+    config.optimizer.update(dict(warmup_steps=1))
+    return config
+
+
+@pytest.mark.reference("independent")
+def test_a_registered_source_adds_its_field_and_its_batches(toy_source):
+    config = toy_config(toy_period=5)
+    assert "toy_period" in config.data  # base_config took the field from the module
+    config_lib.validate_run_config(config)
+    from gated_attention.data import build_inputs as package_build_inputs
+
+    batch = next(package_build_inputs(config, None).train)
+    # Written out by hand: batch 0, row r, token t is 3 + (r + t) mod 5.
+    row1 = [3 + (1 + t) % 5 for t in range(17)]
+    np.testing.assert_array_equal(batch["inputs"][1], row1[:-1])
+    np.testing.assert_array_equal(batch["targets"][1], row1[1:])
+    assert batch["inputs"].shape == (4, 16)
+
+
+@pytest.mark.reference("error_message")
+def test_a_registered_source_checks_its_own_field(toy_source):
+    with pytest.raises(ConfigError, match=r"^data.toy_period=1 must be in 2..model.vocab_size "
+                                          r"- 3 = 61$"):
+        config_lib.validate_run_config(toy_config(toy_period=1))
+
+
+@pytest.mark.reference("error_message")
+def test_an_unregistered_source_names_the_registered_ones():
+    config = config_lib.base_config("tiny")
+    config.data.source = "toy_counting"
+    with pytest.raises(ConfigError, match=r"^data.source='toy_counting' is not allowed; choose "
+                                          r"one of cpython_docs, python_source, files, seqio"):
+        config_lib.validate_run_config(config)
+
+
+@pytest.mark.reference("error_message")
+def test_two_sources_cannot_give_one_field_two_defaults(monkeypatch):
+    monkeypatch.setitem(registry.SOURCES, "toy_counting", __name__)
+    monkeypatch.setitem(FIELDS, "paths", "elsewhere")  # data.paths is local_source's, ""
+    with pytest.raises(ValueError, match=r"data.paths has two defaults \('' and 'elsewhere'\)"):
+        registry.source_fields()
+
+
+@pytest.mark.slow
+@pytest.mark.reference("smoke")
+def test_a_registered_source_trains_through_the_normal_path(toy_source, tmp_path):
+    summary = train.run(toy_config(), tmp_path / "run", progress=False,
+                        devices=jax.devices()[:1])
+    assert summary["train"]["step"] == 3
+    assert np.isfinite(summary["train"]["loss"])
+    assert (tmp_path / "run" / "config.json").read_text().count('"toy_period": 7') == 1
