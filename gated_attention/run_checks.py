@@ -1,9 +1,9 @@
 """What a run needs before its first step, checked without compiling anything.
 
 `validate_run_config` checks each field on its own; this checks what the fields lead to:
-the files they name exist (data.registry.check_files), the documents can be read, the
-tokenizer can be built (or is there) and has the model's vocabulary, and the training split
-is large enough for the run. The pre-flight calls it
+the files they name exist (data.registry.check_files, init_from.check_source), the
+documents can be read, the tokenizer can be built (or is there) and has the model's
+vocabulary, and the training split is large enough for the run. The pre-flight calls it
 before compiling for a pod, `main` before training, so a run that would fail on its data
 fails here, in one line naming the field.
 
@@ -41,6 +41,10 @@ def check_run(config: Any, workdir: str | os.PathLike[str] | None = None, *,
     from gated_attention.data import registry
 
     registry.check_files(config)  # the tokenizer file and the source's own files
+    if config.train.get("init_from"):  # the source run's parameters fit this model
+        from gated_attention.init_from import check_source
+
+        check_source(config, config_lib.model_config(config))
     data, vocab = config.data, int(config.model.vocab_size)
     saved = _saved_tokenizer(config, workdir)
     if saved is not None:

@@ -76,3 +76,49 @@ def test_cli_rejects_bad_values_and_flags_before_compiling(tmp_path):
                          "--config.train.stepz=3", tmp_path=tmp_path)
     assert unknown_field.returncode != 0 and "stepz" in unknown_field.stderr
     assert not workdir.exists()
+
+
+@pytest.mark.reference("error_message")
+def test_each_section_is_checked_by_its_owner():
+    """The owners raise UserError themselves, naming the field (no wrapper needed)."""
+    from gated_attention import model_config, optim, train_config
+    from gated_attention.data import registry
+    from gated_attention.errors import UserError
+
+    config = _config()
+    config.optimizer.eps = 0.0
+    with pytest.raises(UserError, match=r"^optimizer.eps=0.0 must be > 0$"):
+        optim.check_section(config.optimizer, config.train.steps)
+    config.train.log_every = 0
+    with pytest.raises(UserError, match=r"^train.log_every=0 must be > 0$"):
+        train_config.check_section(config.train)
+    config.model.remat = "some"
+    with pytest.raises(UserError, match=r"^model.remat='some' is not allowed; choose one of "
+                                        r"none, full, dots_with_no_batch_dims_saveable, "
+                                        r"nothing_saveable$"):
+        model_config.from_sections(config.model, config.attention)
+    with pytest.raises(UserError, match=r"^model.num_heads=0 must be > 0$"):
+        model_config.ModelConfig(vocab_size=64, num_layers=1, d_model=8, num_heads=0,
+                                 num_kv_heads=1, head_dim=8, mlp_dim=8)
+    config = _config(data__packing="concat", data__add_eos=False)
+    with pytest.raises(UserError, match=r"^data.packing='concat' joins documents with EOS"):
+        registry.check_section(config, config_lib.model_config(config))
+
+
+@pytest.mark.reference("error_message")
+def test_validation_reads_no_file_and_the_opening_checks_do(tmp_path):
+    """A missing tokenizer file or corpus passes the field checks and is refused, naming the
+    field, where it is opened (data.registry.check_files, before any compile)."""
+    from gated_attention.data import registry
+
+    missing = tmp_path / "nowhere.model"
+    config = _config(data__tokenizer_path=str(missing))
+    validate_run_config(config)
+    with pytest.raises(ConfigError, match=rf"^data.tokenizer_path='{missing}' does not exist"):
+        registry.check_files(config)
+    config = _config(data__source="files", data__paths=str(tmp_path / "*.jsonl"))
+    validate_run_config(config)
+    with pytest.raises(ConfigError, match=r"^data.paths: '.*\*.jsonl' matches no file"):
+        registry.check_files(config)
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+    registry.check_files(config)

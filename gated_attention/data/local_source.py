@@ -51,6 +51,7 @@ def build_inputs(config: Any, workdir: str | os.PathLike[str] | None = None, *,
                  process_index: int = 0, process_count: int = 1) -> Inputs:
     from gated_attention.data import pipeline
 
+    check_files(config)
     data, train = config.data, config.train
     hosts = dict(process_index=process_index, process_count=process_count)
     local = pipeline.load_local_data(data, config.model.vocab_size, workdir)

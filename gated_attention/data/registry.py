@@ -5,8 +5,8 @@ A source module holds everything about its source:
   the data section; a field two sources share, e.g. data.paths, has one default);
 - `check(config, cfg)` (optional): its fields, checked without reading a file, raising
   ConfigError naming the field and what is allowed (cfg is the run's ModelConfig);
-- `check_files(config)` (optional): what it reads (datasets, shards, paths) exists and fits,
-  called where the data are opened: before `build_inputs`, and by run_checks before a run;
+- `check_files(config)` (optional): what it reads (datasets, shards, paths) exists and fits;
+  its `build_inputs` calls it before opening them, and run_checks before a run starts;
 - `build_inputs(config, workdir, *, process_index, process_count)`: the run's `Inputs`;
 - `OWN_VOCABULARY = True` when the source makes its token ids itself (no text tokenizer to
   size), `TOKENIZER_IN_DATA = True` when its files carry the tokenizer (data.tokenizer_path
@@ -100,11 +100,9 @@ def check_files(config: Any) -> None:
     files), read once, before anything is compiled; raises ConfigError naming the field."""
     data = config.data
     if data.tokenizer_path:
-        from gated_attention.paths import resolve
+        from gated_attention.data.tokenizer import check_tokenizer_path
 
-        require(resolve(data.tokenizer_path).exists(),
-                f"data.tokenizer_path={data.tokenizer_path!r} does not exist (a tokenizer file: "
-                "SentencePiece .model or tokenizer.json; leave it empty to train one)")
+        check_tokenizer_path(data.tokenizer_path)
         if data.tokenizer == "hf":
             from gated_attention.data import hf_tokenizer
 
@@ -113,7 +111,12 @@ def check_files(config: Any) -> None:
                                          int(config.model.vocab_size))
             except hf_tokenizer.HFTokenizerError as err:
                 raise ConfigError(str(err)) from None
-    module = source_module(data.source)
+    check_source_files(config)
+
+
+def check_source_files(config: Any) -> None:
+    """The source's own check_files, its errors as one-line ConfigErrors."""
+    module = source_module(config.data.source)
     if hasattr(module, "check_files"):
         try:
             module.check_files(config)
@@ -125,7 +128,7 @@ def check_files(config: Any) -> None:
 
 def build_inputs(config: Any, workdir: str | os.PathLike[str] | None = None, *,
                  process_index: int = 0, process_count: int = 1) -> Inputs:
-    """The run's Inputs from its source, after check_files."""
-    check_files(config)
+    """The run's Inputs from its source. Each source's build_inputs checks what it opens (its
+    check_files, the tokenizer file in data/tokenizer.py) before reading it."""
     return source_module(config.data.source).build_inputs(
         config, workdir, process_index=process_index, process_count=process_count)

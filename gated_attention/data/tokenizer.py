@@ -21,6 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from gated_attention import paths
+from gated_attention.config_checks import require
 from gated_attention.data.corpus import Document, cache_root, fingerprint
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -116,6 +117,13 @@ def sentencepiece_cache_key(documents: Sequence[Document], vocab_size: int, mode
     return hashlib.sha256(f"{fingerprint(documents)}|{options}".encode()).hexdigest()[:20]
 
 
+def check_tokenizer_path(model_path: str) -> None:
+    """data.tokenizer_path names a file (checked where it is opened, before any compile)."""
+    require(paths.resolve(model_path).exists(),
+            f"data.tokenizer_path={model_path!r} does not exist (a tokenizer file: SentencePiece "
+            ".model or tokenizer.json; leave it empty to train one)")
+
+
 def get_tokenizer(kind: str, vocab_size: int, train_documents: Sequence[Document] | None = None,
                   *, workdir: str | os.PathLike[str] | None = None, cache_dir: str = "",
                   model_type: str = "bpe", input_sentence_size: int = 100_000,
@@ -134,6 +142,7 @@ def get_tokenizer(kind: str, vocab_size: int, train_documents: Sequence[Document
     if in_workdir is not None and in_workdir.exists():
         tokenizer = SentencePieceTokenizer(in_workdir)
     elif model_path:
+        check_tokenizer_path(model_path)
         if in_workdir is not None:
             paths.write_atomic(in_workdir, paths.resolve(model_path).read_bytes())
         tokenizer = SentencePieceTokenizer(in_workdir or model_path)
