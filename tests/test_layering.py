@@ -258,3 +258,12 @@ def test_kernels_know_no_flax_and_no_configs():
     bad = [f"{m} imports {pkg}" for m, pkgs in sorted(external.items())
            if floor_of(m) == 0 for pkg in sorted(pkgs) if pkg in OPS_FORBIDDEN]
     assert not bad, "\n".join(bad)
+
+
+def test_the_data_sources_import_nothing_from_analysis():
+    """Training data never depend on the analysis of runs (passkey's generator is in data/)."""
+    graph, _ = import_graph()
+    bad = [f"{m} -> {d}" for m, deps in sorted(graph.items())
+           if m.startswith("gated_attention.data") for d in sorted(deps)
+           if d.startswith("gated_attention.analysis")]
+    assert not bad, "\n".join(bad)

@@ -27,7 +27,7 @@ import grain
 import numpy as np
 
 from gated_attention import paths
-from gated_attention.config_checks import require
+from gated_attention.config_checks import ConfigError, require
 from gated_attention.data import retrieval_tasks
 from gated_attention.data.inputs import Inputs, stream_tokenizer
 from gated_attention.data.packing import Batch
@@ -125,7 +125,7 @@ def build_inputs(config: Any, workdir: str | os.PathLike[str] | None = None, *,
                                      length=ENDLESS, **hosts)
         train_source[0]  # the smallest example fits, before anything is compiled
     except ValueError as err:
-        raise ValueError(f"data.passkey_min_tokens: {err}") from None
+        raise ConfigError(f"data.passkey_min_tokens: {err}") from None
     iterator = iter(grain.MapDataset.source(train_source).to_iter_dataset(READ_OPTIONS))
     held_out = PasskeySource(tokenizer, data, train.batch_size, stream=EVAL_STREAM,
                              length=int(train.eval_batches), **hosts)

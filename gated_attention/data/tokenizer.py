@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from gated_attention import paths
-from gated_attention.config_checks import require
+from gated_attention.config_checks import choice, require
 from gated_attention.data.corpus import Document, cache_root, fingerprint
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -135,9 +135,7 @@ def get_tokenizer(kind: str, vocab_size: int, train_documents: Sequence[Document
         from gated_attention.data import hf_tokenizer
 
         return hf_tokenizer.load(model_path, vocab_size, workdir=workdir)
-    if kind != "sentencepiece":
-        raise ValueError(f"data.tokenizer={kind!r} is not allowed; choose one of "
-                         "sentencepiece, byte, hf")
+    choice("data.tokenizer", kind, ("sentencepiece", "byte", "hf"))
     in_workdir = paths.resolve(workdir) / TOKENIZER_FILE if workdir else None
     if in_workdir is not None and in_workdir.exists():
         tokenizer = SentencePieceTokenizer(in_workdir)
