@@ -1,7 +1,7 @@
 """Attention variants as data: every row of the paper's tables is one `AttentionVariant`.
 
-A variant is a small frozen dataclass validated once at construction. The model is built
-from it in three places (layers/gates.py, layers/attention.py, and layers/block.py for
+A variant is a small frozen dataclass validated once at construction. The model is built from
+it in three places (layers/gates.py, layers/attention.py, and layers/block.py for
 sandwich norm); two more branch on it to check and count (config_lib.ModelConfig: heads,
 experts, Switch-Head bias; accounting.py: gate parameters). The rest only read fields to
 report or map them (analysis/stats.py, telemetry.py, intervene.py, hf/).
@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from gated_attention.errors import UserError
 
 # Kernel vocabularies live with the kernels (ops/); a variant only chooses among them.
 from gated_attention.ops import GATE_ACTIVATIONS as ACTIVATIONS
@@ -30,7 +32,7 @@ SWITCH_TARGETS = ("none", "v", "kv")
 GATE_INITS = ("normal", "zeros")
 
 
-class VariantError(ValueError):
+class VariantError(UserError):
     """A variant field holds a value outside its allowed set, or fields contradict."""
 
 

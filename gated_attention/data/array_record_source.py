@@ -24,6 +24,7 @@ import numpy as np
 
 from gated_attention import paths
 from gated_attention.data import streams
+from gated_attention.errors import UserError
 
 MANIFEST = "manifest.json"
 FORMAT = "gated_attention.token_shards/v1"
@@ -32,7 +33,7 @@ TRAIN, HELD_OUT = "train", "held_out"
 READ_OPTIONS = grain.ReadOptions(num_threads=4, prefetch_buffer_size=256)
 
 
-class ShardError(ValueError):
+class ShardError(UserError):
     """The shard folder is missing, incomplete, or made with another tokenizer."""
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from gated_attention import paths
+from gated_attention.errors import UserError
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG_JSON = "tokenizer_config.json"
@@ -33,7 +34,7 @@ CONVENTIONAL_NAMES = {
 }
 
 
-class HFTokenizerError(ValueError):
+class HFTokenizerError(UserError):
     """The tokenizer file is missing, unreadable or does not fit the model."""
 
 

@@ -19,12 +19,13 @@ import numpy as np
 
 from gated_attention import paths
 from gated_attention.data import streams
+from gated_attention.errors import UserError
 
 ENCODE_BLOCK = 256  # documents tokenised per call (the tokenizers batch internally)
 SHUFFLE_BUFFER = 10_000  # documents
 
 
-class TfdsSourceError(ValueError):
+class TfdsSourceError(UserError):
     """The tfds dataset, split or feature named in the config is not there."""
 
 
