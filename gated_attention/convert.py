@@ -31,7 +31,7 @@ from typing import Any
 import jax.numpy as jnp
 from flax import nnx
 
-from gated_attention import paths
+from gated_attention import errors, paths
 from gated_attention.config_lib import ConfigError
 from gated_attention.model import per_layer
 
@@ -115,10 +115,9 @@ def main(argv: list[str]) -> None:
     if len(argv) < 2 or argv[1] not in ("from_hf", "to_hf"):
         sys.exit("usage: python -m gated_attention.convert from_hf HF_DIR --workdir=W | "
                  "to_hf --workdir=W --out=DIR")
-    from gated_attention import workdir as workdir_lib
 
     if not FLAGS.workdir:
-        sys.exit("Error: --workdir is required")
+        errors.exit_with("Error: --workdir is required")
     try:
         if argv[1] == "from_hf":
             if len(argv) != 3:
@@ -133,8 +132,8 @@ def main(argv: list[str]) -> None:
             written = to_hf(FLAGS.workdir, FLAGS.out, step=FLAGS.step, dtype=FLAGS.dtype,
                             layout=FLAGS.to)
             print(f"Wrote {', '.join(written)} to {FLAGS.out}")
-    except (ConfigError, workdir_lib.WorkdirError, FileNotFoundError) as err:
-        sys.exit(f"Error: {err}")
+    except (errors.UserError, FileNotFoundError) as err:  # ConfigError, WorkdirError, ...
+        errors.fail(err)
 
 
 def _define_flags() -> None:

@@ -68,8 +68,8 @@ def parse_target(name: str, hosts: int | None = None) -> Target:
         return gpu_targets.parse_accelerator(name, 1 if hosts is None else hosts)
     if hosts not in (None, 1):
         raise UserError(f"--hosts={hosts} applies to GPU nodes ("
-                         f"{', '.join(gpu_targets.known_accelerators())}); a TPU type "
-                         "already names its hosts")
+                        f"{', '.join(gpu_targets.known_accelerators())}); a TPU type "
+                        "already names its hosts")
     try:
         return parse_accelerator(name)
     except ValueError as err:
@@ -103,8 +103,8 @@ def check_slices(config: Any, num_slices: int) -> None:
     if spanned != num_slices:
         set_axes = ", ".join(f"mesh.{k}={v}" for k, v in dcn.items() if v != 1) or "none set"
         raise UserError(f"--slices={num_slices} needs mesh.dcn_* sizes that multiply to "
-                         f"{num_slices} (e.g. --config.mesh.dcn_data={num_slices}); the config "
-                         f"spans {spanned} slice(s) ({set_axes})")
+                        f"{num_slices} (e.g. --config.mesh.dcn_data={num_slices}); the config "
+                        f"spans {spanned} slice(s) ({set_axes})")
 
 
 def preflight(config: Any, tpu: Target, steps: tuple[str, ...] = STEPS,
