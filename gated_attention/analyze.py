@@ -207,7 +207,7 @@ def _records(workdir: epath.Path) -> list[dict[str, Any]]:
     return read_metrics(path) if path.exists() else []
 
 
-def _define_flags() -> None:
+def define_flags() -> None:
     """Flags only when run as a program: modules that import this one define their own."""
     flags.DEFINE_string("workdir", None, "A training run's directory.")
     flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
@@ -266,6 +266,6 @@ def perplexity_note(result: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    _define_flags()
+    define_flags()
     flags.mark_flags_as_required(["workdir"])
     app.run(main)

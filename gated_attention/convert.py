@@ -136,7 +136,7 @@ def main(argv: list[str]) -> None:
         errors.fail(err)
 
 
-def _define_flags() -> None:
+def define_flags() -> None:
     from absl import flags
 
     flags.DEFINE_string("workdir", None, "The run's working directory.")
@@ -152,5 +152,5 @@ def _define_flags() -> None:
 if __name__ == "__main__":
     from absl import app
 
-    _define_flags()
+    define_flags()
     app.run(main)

@@ -27,18 +27,22 @@ from absl import app, flags, logging
 from gated_attention import train_command
 
 VARIANTS = ("baseline", "g1_sdpa_elementwise")
-flags.DEFINE_string("workdir", "runs/demo", "Where the two runs and the report go.")
-flags.DEFINE_integer("steps", 100, "Training steps for each model.")
-flags.DEFINE_integer("batch_size", 16, "Sequences per step.")
-flags.DEFINE_integer("seq_len", 128, "Tokens per sequence.")
-flags.DEFINE_float("peak_lr", 3e-3, "Peak learning rate.")
-flags.DEFINE_bool("parallel", None, "Train both models at once (default: on a CPU with >= 2 "
-                  "cores).")
-flags.DEFINE_bool("sinks", True, "Also train the synthetic attention-sink task (sinks/).")
-flags.DEFINE_integer("sink_steps", 1000, "Training steps of each sink_tiny model.")
-flags.DEFINE_integer("sink_batch_size", 32, "Sequences per step of the sink_tiny models.")
-flags.DEFINE_bool("overwrite", False, "Move old runs with other settings aside and retrain.")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """The command's flags, defined when it runs (importing the module defines none)."""
+    flags.DEFINE_string("workdir", "runs/demo", "Where the two runs and the report go.")
+    flags.DEFINE_integer("steps", 100, "Training steps for each model.")
+    flags.DEFINE_integer("batch_size", 16, "Sequences per step.")
+    flags.DEFINE_integer("seq_len", 128, "Tokens per sequence.")
+    flags.DEFINE_float("peak_lr", 3e-3, "Peak learning rate.")
+    flags.DEFINE_bool("parallel", None, "Train both models at once (default: on a CPU with >= 2 "
+                      "cores).")
+    flags.DEFINE_bool("sinks", True, "Also train the synthetic attention-sink task (sinks/).")
+    flags.DEFINE_integer("sink_steps", 1000, "Training steps of each sink_tiny model.")
+    flags.DEFINE_integer("sink_batch_size", 32, "Sequences per step of the sink_tiny models.")
+    flags.DEFINE_bool("overwrite", False, "Move old runs with other settings aside and retrain.")
 
 
 def demo_overrides(steps: int, batch_size: int, seq_len: int, peak_lr: float) -> dict[str, Any]:
@@ -291,4 +295,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

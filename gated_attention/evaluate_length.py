@@ -351,7 +351,7 @@ def _write(workdir: Any, result: dict[str, Any]) -> None:
     paths.write_atomic(out / RESULT_FILE, json.dumps(result, indent=2) + "\n")
 
 
-def _define_flags() -> None:
+def define_flags() -> None:
     """Flags only when run as a program: modules that import this one define their own."""
     flags.DEFINE_string("workdir", None, "A training run's directory.")
     flags.DEFINE_list("lengths", None, "Total lengths to evaluate at, e.g. 256,512,1024.")
@@ -400,6 +400,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    _define_flags()
+    define_flags()
     flags.mark_flags_as_required(["workdir"])
     app.run(main)

@@ -250,7 +250,7 @@ def main(argv: list[str]) -> None:
     print(FLAGS.prompt + tokenizer.decode([int(i) for i in new]))
 
 
-def _define_flags() -> None:
+def define_flags() -> None:
     from absl import flags
 
     flags.DEFINE_string("workdir", None, "A training run (or a `convert from_hf` workdir).")
@@ -272,5 +272,5 @@ def _define_flags() -> None:
 if __name__ == "__main__":
     from absl import app
 
-    _define_flags()
+    define_flags()
     app.run(main)

@@ -269,7 +269,7 @@ def changes_from_flags(scales: Sequence[str], force_open: Sequence[str],
     return changes
 
 
-def _define_flags() -> None:
+def define_flags() -> None:
     from absl import flags
 
     flags.DEFINE_string("workdir", None, "A training run (or a `convert from_hf` workdir).")
@@ -303,6 +303,6 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__":
     from absl import app, flags
 
-    _define_flags()
+    define_flags()
     flags.mark_flags_as_required(["workdir"])
     app.run(main)

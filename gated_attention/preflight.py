@@ -265,11 +265,9 @@ def parse_flags(argv: list[str]) -> list[str]:
     return main_command.parse_flags(argv, flags.FLAGS)
 
 
-if __name__ == "__main__":
-    # The host only compiles; no accelerator needed (and the CUDA plugin registers its
-    # compiler without a GPU only when jax's platforms are "cpu").
-    jax.config.update("jax_platforms", "cpu")
-    from absl import app, flags
+def define_flags() -> None:
+    """The command's flags, defined when it runs (importing the module defines none)."""
+    from absl import flags
     from ml_collections import config_flags
 
     config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
@@ -287,5 +285,13 @@ if __name__ == "__main__":
     flags.DEFINE_bool("json", False, "Print JSON instead of a table.")
     flags.DEFINE_string("dump_hlo", "", "Folder to write the optimized HLO of each step to.")
     flags.mark_flags_as_required(["config", "accelerator"])
-    FLAGS = flags.FLAGS
+
+
+if __name__ == "__main__":
+    # The host only compiles; no accelerator needed (and the CUDA plugin registers its
+    # compiler without a GPU only when jax's platforms are "cpu").
+    jax.config.update("jax_platforms", "cpu")
+    from absl import app
+
+    define_flags()
     app.run(main, flags_parser=parse_flags)
