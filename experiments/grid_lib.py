@@ -119,10 +119,6 @@ class Run:
     def lr_multiplier(self) -> float | None:
         return dict(self.overrides).get("lr_multiplier")
 
-    def with_overrides(self, extra: Mapping[str, Any]) -> Run:
-        return dataclasses.replace(self, overrides=tuple(sorted({**extra,
-                                                                 **dict(self.overrides)}.items())))
-
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "arch": self.arch, "variant": self.variant, "seed": self.seed,
                 "overrides": dict(self.overrides), "table": self.table, "paper": dict(self.paper),
