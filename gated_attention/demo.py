@@ -58,11 +58,7 @@ def demo_overrides(steps: int, batch_size: int, seq_len: int, peak_lr: float) ->
 def demo_config(variant: str, overrides: dict[str, Any]):
     from gated_attention import config_lib
 
-    config = config_lib.base_config("tiny", variant)
-    for key, value in overrides.items():
-        section, field = key.split(".")
-        config[section][field] = value
-    return config
+    return config_lib.apply_overrides(config_lib.base_config("tiny", variant), overrides)
 
 
 def train_both(workdir: pathlib.Path, overrides: dict[str, Any], parallel: bool,
