@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 # Modules that still define flags on import, each with where that is to be fixed; the test
 # fails when one of them stops (then drop it from here).
@@ -26,6 +28,7 @@ print(json.dumps({"modules": names, "defined": sorted(
 """
 
 
+@pytest.mark.slow  # imports every module of the package: about 20 s on a loaded core
 def test_importing_the_package_defines_no_flags():
     out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
                          cwd=ROOT, check=True, timeout=300).stdout
