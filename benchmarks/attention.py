@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gated_attention import ops
-from gated_attention.ops import reference
+from gated_attention.ops import reference, testing
 from gated_attention.ops._flash_common import attention_flops
 from gated_attention.ops.block_sizes import device_kind_key
 
@@ -74,7 +74,7 @@ CHECK_SHAPE = Shape(1, 256, 4, 4, 128)
 XLA_MAX_SEQ = 8192  # the reference holds B x H x S x S float32 logits (S16384: 16 GiB a head
 #                     group, about 100 GiB with its backward)
 PACKED_DOCUMENTS = 4
-CPU_COMPILE = dict(xla_backend_optimization_level=0, xla_llvm_disable_expensive_passes=True)
+CPU_COMPILE = testing.FAST_COMPILE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,16 +166,7 @@ def _jax_triton_mha(platform: str, small: bool):
 
 def packed_segment_ids(batch: int, seq: int, documents: int = PACKED_DOCUMENTS) -> np.ndarray:
     """[batch, seq] ids of `documents` equal-length packed documents per row."""
-    return np.broadcast_to(np.arange(seq, dtype=np.int32) // -(-seq // documents), (batch, seq))
-
-
-def random_segment_ids(rng: np.random.Generator, batch: int, seq: int) -> np.ndarray:
-    """[batch, seq] sorted ids of 2-4 packed documents of random lengths per row."""
-    rows = []
-    for _ in range(batch):
-        cuts = np.sort(rng.choice(np.arange(1, seq), size=rng.integers(1, 4), replace=False))
-        rows.append(np.searchsorted(cuts, np.arange(seq), side="right"))
-    return np.stack(rows).astype(np.int32)
+    return testing.packed_segment_ids(batch, seq, documents)
 
 
 def causal_flops(shape: Shape, segment_ids: np.ndarray | None = None) -> float:
@@ -376,37 +367,28 @@ SMALL_CHECK_CASES = (
 def make_inputs(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int,
                 gate: str | None, segments: bool, dtype, seed: int = 0) -> dict:
     """q, k, v, gate, segment ids and a float32 probe (the linear loss's weights)."""
-    rng = np.random.default_rng(seed)
-    normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)  # noqa: E731
-    gate_shape = {"elementwise": (batch, seq, heads, head_dim), "headwise": (batch, seq, heads),
-                  None: None}[gate]
-    return dict(
-        q=normal(batch, seq, heads, head_dim), k=normal(batch, seq, kv_heads, head_dim),
-        v=normal(batch, seq, kv_heads, head_dim),
-        gate=None if gate_shape is None else normal(*gate_shape),
-        seg=jnp.asarray(random_segment_ids(rng, batch, seq)) if segments else None,
-        probe=jnp.asarray(rng.standard_normal((batch, seq, heads, head_dim)), jnp.float32),
-    )
+    return testing.random_inputs(np.random.default_rng(seed), batch=batch, seq=seq,
+                                 heads=heads, kv_heads=kv_heads, head_dim=head_dim, gate=gate,
+                                 segments=segments, dtype=dtype)
 
 
 def outputs_and_grads(attn: Callable, inputs: dict) -> Callable:
     """A function of the inputs dict: (out in float32, grads of sum(out * probe) w.r.t. q, k,
-    v and the gate if any). attn(q, k, v, gate, seg) -> out."""
+    v and the gate if any). attn(q, k, v, gate, segment_ids) -> out."""
     names = ("q", "k", "v") if inputs["gate"] is None else ("q", "k", "v", "gate")
 
     def fn(inputs):
         def forward(diff):
             x = {**inputs, **diff}
-            return attn(x["q"], x["k"], x["v"], x["gate"], x["seg"]).astype(jnp.float32)
-        out, vjp = jax.vjp(forward, {n: inputs[n] for n in names})
-        return out, vjp(inputs["probe"])[0]
+            return attn(x["q"], x["k"], x["v"], x["gate"], x["segment_ids"])
+        return testing.probe_vjp(forward, {n: inputs[n] for n in names}, inputs["probe"])
 
     return fn
 
 
 def reference_outputs_and_grads(inputs: dict):
     """outputs_and_grads of the XLA reference on float32 copies, at full matmul precision."""
-    f32 = {n: (x.astype(jnp.float32) if n != "seg" and x is not None else x)
+    f32 = {n: (x.astype(jnp.float32) if n != "segment_ids" and x is not None else x)
            for n, x in inputs.items()}
 
     def ref(q, k, v, gate, seg):
@@ -416,12 +398,7 @@ def reference_outputs_and_grads(inputs: dict):
         return jax.jit(outputs_and_grads(ref, f32))(f32)
 
 
-def rel_errors(got, want) -> dict[str, float]:
-    """max |got - want| / max |want| for the output ("out") and each gradient ("dq", ...)."""
-    (out, grads), (ref_out, ref_grads) = got, want
-    pairs = {"out": (out, ref_out), **{f"d{n}": (grads[n], ref) for n, ref in ref_grads.items()}}
-    return {name: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b)) / jnp.max(jnp.abs(b)))
-            for name, (a, b) in pairs.items()}
+rel_errors = testing.relative_errors  # max |got - want| / max |want| per output and gradient
 
 
 def check(small: bool, blocks: dict[str, int] | None = None) -> bool:

@@ -139,12 +139,12 @@ def _forward_fn(attn, inputs: dict):
     del inputs
 
     def fn(inputs):
-        return attn(*(inputs[n] for n in ("q", "k", "v", "gate", "seg")))
+        return attn(*(inputs[n] for n in ("q", "k", "v", "gate", "segment_ids")))
     return fn
 
 
 def _inputs(shape: bench.Shape, seed: int = 0) -> dict:
-    """The check's inputs dict (q, k, v, gate, seg, probe) at `shape`, elementwise gate."""
+    """The check's inputs dict (q, k, v, gate, segment_ids, probe) at `shape`, G1 gate."""
     b, s, h, n, d = shape
     return bench.make_inputs(b, s, h, n, d, "elementwise", False, jnp.bfloat16, seed=seed)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from experiments import paired_stats
 from gated_attention.analysis.sink_report import uniform_first_token
+from gated_attention.errors import UserError
 
 # (key in a run row, title, digits): the metrics compared pair by pair.
 PAIRED_METRICS = (("eval_loss", "held-out loss", 4), ("ppl", "PPL", 3),
@@ -81,8 +82,8 @@ def find_reference(groups: Sequence[Mapping[str, Any]], group: Mapping[str, Any]
 def check_reference(groups: Sequence[Mapping[str, Any]], reference: str | None) -> None:
     if reference and not any(reference in (g.get("group"), g.get("label"), g.get("variant"))
                              for g in groups):
-        raise ValueError(f"--reference={reference!r} names no row; rows: "
-                         + ", ".join(g["group"] for g in groups))
+        raise UserError(f"--reference={reference!r} names no row; rows: "
+                        + ", ".join(g["group"] for g in groups))
 
 
 def paired_rows(rows: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]],

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gated_attention.config_lib import ARCHS
+from gated_attention.errors import UserError
 from gated_attention.variants import VARIANTS
 
 PAPER_TABLES_FILE = pathlib.Path(__file__).with_name("paper_tables.json")
@@ -54,7 +55,7 @@ SEED_OVERRIDES = ("data.shuffle_seed",)
 GRID_DEFAULTS: dict[str, Any] = {"train.init_by_name": True}
 
 
-class GridError(ValueError):
+class GridError(UserError):
     """A grid, scale or run definition names something that does not exist."""
 
 
@@ -117,10 +118,6 @@ class Run:
     @property
     def lr_multiplier(self) -> float | None:
         return dict(self.overrides).get("lr_multiplier")
-
-    def with_overrides(self, extra: Mapping[str, Any]) -> Run:
-        return dataclasses.replace(self, overrides=tuple(sorted({**extra,
-                                                                 **dict(self.overrides)}.items())))
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "arch": self.arch, "variant": self.variant, "seed": self.seed,

@@ -54,7 +54,7 @@ from typing import Any
 from etils import epath
 
 from experiments import grid_lib
-from gated_attention import paths
+from gated_attention import paths, train_command
 from gated_attention.pods import claims
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -62,7 +62,7 @@ CONFIG_FILE = REPO_ROOT / "configs" / "ablation.py"
 # As recorded in commands: relative to the repository (commands run there), so a grid can be
 # relaunched from another checkout path.
 CONFIG_ARG = "configs/ablation.py"
-TRAIN_COMMAND = "{python} -m gated_attention.main --config={config} --workdir={workdir} {overrides}"
+TRAIN_COMMAND = train_command.TEMPLATE  # the training command, as every launcher builds it
 ANALYZE_COMMAND = "{python} -m gated_attention.analyze --workdir={workdir}"
 STATUS_DIR, LOG_DIR, MANIFEST = "_status", "_logs", "runs.json"
 WORKER_ENV, MULTIHOST_ENV = "GATED_ATTENTION_WORKER_ID", "GATED_ATTENTION_MULTIHOST"
@@ -86,14 +86,10 @@ def parse_settings(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _format_value(value: Any) -> str:
-    return str(value) if not isinstance(value, float) else repr(value)
-
-
 def commands(run: grid_lib.Run, root: paths.PathLike, scale: str, settings: Mapping[str, Any],
              train_template: str = TRAIN_COMMAND,
              analyze_template: str = ANALYZE_COMMAND) -> tuple[list[str], list[str]]:
-    """The train and analyse command lines of one run, as argument lists.
+    """The train and analyze command lines of one run, as argument lists.
 
     `root` is used as a string: a gs:// root gives `--workdir=gs://...` unchanged.
     """
@@ -103,8 +99,8 @@ def commands(run: grid_lib.Run, root: paths.PathLike, scale: str, settings: Mapp
         "config": shlex.quote(f"{CONFIG_ARG}:arch={run.arch},variant={run.variant}"),
         "workdir": shlex.quote(f"{os.fspath(root).rstrip('/')}/{run.name}"),
         # "{root}" in a value names the grid root (e.g. train.init_from of a continued run).
-        "overrides": " ".join(shlex.quote(f"--config.{k}={_format_value(v)}".replace(
-            "{root}", os.fspath(root).rstrip("/"))) for k, v in overrides.items()),
+        "overrides": " ".join(shlex.quote(flag.replace("{root}", os.fspath(root).rstrip("/")))
+                              for flag in train_command.override_flags(overrides)),
         "arch": run.arch, "variant": run.variant, "seed": str(run.seed),
     }
     return (shlex.split(train_template.format(**fields)),

@@ -41,7 +41,7 @@ from etils import epath
 from scipy import stats as scipy_stats
 
 from experiments import comparisons, grid_lib
-from gated_attention import paths
+from gated_attention import errors, paths
 
 METRICS = (  # (our key, paper key, column title)
     ("ppl", "avg_ppl", "PPL"),
@@ -515,9 +515,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result = summarize(args.root, args.reference)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"Error: {err}", file=sys.stderr)
-        return 1
+    except (errors.UserError, FileNotFoundError) as err:
+        errors.fail(err)
     print((paths.resolve(args.root) / "summary.md").read_text())
     pending = sum(r["state"] != "done" for r in result["runs"])
     if pending:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import sys
 import tempfile
 from collections.abc import Sequence
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 from absl import app, flags, logging
 from etils import epath
 
-from gated_attention import paths
+from gated_attention import errors, paths
 
 DEFAULT_PROMPT = ("The quick brown fox jumps over the lazy dog. Attention sinks appear when "
                   "a model has nowhere else to put its attention.")
@@ -208,7 +207,7 @@ def _records(workdir: epath.Path) -> list[dict[str, Any]]:
     return read_metrics(path) if path.exists() else []
 
 
-def _define_flags() -> None:
+def define_flags() -> None:
     """Flags only when run as a program: modules that import this one define their own."""
     flags.DEFINE_string("workdir", None, "A training run's directory.")
     flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
@@ -230,14 +229,15 @@ def main(argv: list[str]) -> None:
     try:
         layers = None if FLAGS.layers is None else [int(x) for x in FLAGS.layers]
     except ValueError:
-        sys.exit(f"--layers={','.join(FLAGS.layers)} must be comma-separated integers")
+        errors.exit_with(f"Error: --layers={','.join(FLAGS.layers)} must be comma-separated "
+                         "integers")
     try:
         result = analyze(FLAGS.workdir, step=FLAGS.step, batches=FLAGS.batches,
                          batch_size=FLAGS.batch_size, prompt=FLAGS.prompt, layers=layers,
                          sink_threshold=FLAGS.sink_threshold,
                          exclude_first_query=not FLAGS.include_first_query)
-    except (FileNotFoundError, ValueError) as err:
-        sys.exit(f"Error: {err}")
+    except (errors.UserError, FileNotFoundError) as err:
+        errors.fail(err)
     gate = result["gate_score_mean"]
     print(f"{result['variant']} step {result['step']}: "
           f"F-Attn {result['first_token_attention']:.3f} "
@@ -266,6 +266,6 @@ def perplexity_note(result: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    _define_flags()
+    define_flags()
     flags.mark_flags_as_required(["workdir"])
     app.run(main)

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import os
 import pathlib
-import sys
 from typing import Any
 
 import jax.numpy as jnp
 from flax import nnx
 
-from gated_attention import paths
+from gated_attention import errors, paths
 from gated_attention.config_lib import ConfigError
 from gated_attention.data import registry as data_registry
 from gated_attention.model import per_layer
@@ -109,37 +108,38 @@ def to_hf(workdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
     return written + run_files.write(root, config, out)
 
 
+USAGE_FROM_HF = "python -m gated_attention.convert from_hf HF_DIR --workdir=W"
+USAGE_TO_HF = "python -m gated_attention.convert to_hf --workdir=W --out=DIR [--to=LAYOUT]"
+
+
 def main(argv: list[str]) -> None:
     from absl import flags, logging
 
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
     FLAGS = flags.FLAGS
     if len(argv) < 2 or argv[1] not in ("from_hf", "to_hf"):
-        sys.exit("usage: python -m gated_attention.convert from_hf HF_DIR --workdir=W | "
-                 "to_hf --workdir=W --out=DIR")
-    from gated_attention import workdir as workdir_lib
-
+        errors.exit_with("usage: python -m gated_attention.convert from_hf HF_DIR --workdir=W | "
+                         "to_hf --workdir=W --out=DIR")
     if not FLAGS.workdir:
-        sys.exit("Error: --workdir is required")
+        errors.exit_with("Error: --workdir is required")
     try:
         if argv[1] == "from_hf":
             if len(argv) != 3:
-                sys.exit("usage: python -m gated_attention.convert from_hf HF_DIR --workdir=W")
+                errors.exit_with(f"usage: {USAGE_FROM_HF}")
             config = from_hf(argv[2], FLAGS.workdir, dtype=FLAGS.dtype or "float32")
             print(f"Imported {argv[2]} ({config.variant}, {config.model.num_layers} layers) "
                   f"into {FLAGS.workdir}")
         else:
             if len(argv) != 2 or not FLAGS.out:
-                sys.exit("usage: python -m gated_attention.convert to_hf --workdir=W --out=DIR "
-                         "[--to=LAYOUT]")
+                errors.exit_with(f"usage: {USAGE_TO_HF}")
             written = to_hf(FLAGS.workdir, FLAGS.out, step=FLAGS.step, dtype=FLAGS.dtype,
                             layout=FLAGS.to)
             print(f"Wrote {', '.join(written)} to {FLAGS.out}")
-    except (ConfigError, workdir_lib.WorkdirError, FileNotFoundError) as err:
-        sys.exit(f"Error: {err}")
+    except (errors.UserError, FileNotFoundError) as err:  # ConfigError, WorkdirError, ...
+        errors.fail(err)
 
 
-def _define_flags() -> None:
+def define_flags() -> None:
     from absl import flags
 
     flags.DEFINE_string("workdir", None, "The run's working directory.")
@@ -155,5 +155,5 @@ def _define_flags() -> None:
 if __name__ == "__main__":
     from absl import app
 
-    _define_flags()
+    define_flags()
     app.run(main)

@@ -19,23 +19,30 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from absl import app, flags, logging
 
+from gated_attention import train_command
+
 VARIANTS = ("baseline", "g1_sdpa_elementwise")
-flags.DEFINE_string("workdir", "runs/demo", "Where the two runs and the report go.")
-flags.DEFINE_integer("steps", 100, "Training steps for each model.")
-flags.DEFINE_integer("batch_size", 16, "Sequences per step.")
-flags.DEFINE_integer("seq_len", 128, "Tokens per sequence.")
-flags.DEFINE_float("peak_lr", 3e-3, "Peak learning rate.")
-flags.DEFINE_bool("parallel", None, "Train both models at once (default: on a CPU with >= 2 "
-                  "cores).")
-flags.DEFINE_bool("sinks", True, "Also train the synthetic attention-sink task (sinks/).")
-flags.DEFINE_integer("sink_steps", 1000, "Training steps of each sink_tiny model.")
-flags.DEFINE_integer("sink_batch_size", 32, "Sequences per step of the sink_tiny models.")
-flags.DEFINE_bool("overwrite", False, "Move old runs with other settings aside and retrain.")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """The command's flags, defined when it runs (importing the module defines none)."""
+    flags.DEFINE_string("workdir", "runs/demo", "Where the two runs and the report go.")
+    flags.DEFINE_integer("steps", 100, "Training steps for each model.")
+    flags.DEFINE_integer("batch_size", 16, "Sequences per step.")
+    flags.DEFINE_integer("seq_len", 128, "Tokens per sequence.")
+    flags.DEFINE_float("peak_lr", 3e-3, "Peak learning rate.")
+    flags.DEFINE_bool("parallel", None, "Train both models at once (default: on a CPU with >= 2 "
+                      "cores).")
+    flags.DEFINE_bool("sinks", True, "Also train the synthetic attention-sink task (sinks/).")
+    flags.DEFINE_integer("sink_steps", 1000, "Training steps of each sink_tiny model.")
+    flags.DEFINE_integer("sink_batch_size", 32, "Sequences per step of the sink_tiny models.")
+    flags.DEFINE_bool("overwrite", False, "Move old runs with other settings aside and retrain.")
 
 
 def demo_overrides(steps: int, batch_size: int, seq_len: int, peak_lr: float) -> dict[str, Any]:
@@ -51,26 +58,26 @@ def demo_overrides(steps: int, batch_size: int, seq_len: int, peak_lr: float) ->
 def demo_config(variant: str, overrides: dict[str, Any]):
     from gated_attention import config_lib
 
-    config = config_lib.base_config("tiny", variant)
-    for key, value in overrides.items():
-        section, field = key.split(".")
-        config[section][field] = value
-    return config
+    return config_lib.apply_overrides(config_lib.base_config("tiny", variant), overrides)
 
 
 def train_both(workdir: pathlib.Path, overrides: dict[str, Any], parallel: bool,
                overwrite: bool) -> None:
     """One `gated_attention.main` process per variant (one core each when in parallel)."""
-    commands = []
-    for variant in VARIANTS:
-        cmd = [sys.executable, "-m", "gated_attention.main",
-               f"--config=configs/ablation.py:arch=tiny,variant={variant}",
-               f"--workdir={workdir / variant}", f"--progress={not parallel}"]
-        cmd += [f"--config.{k}={v}" for k, v in overrides.items()]
-        if overwrite:
-            cmd.append("--overwrite")
-        commands.append(cmd)
-    run_commands(commands, parallel)
+    run_commands([train_command.train_argv(
+        f"configs/ablation.py:arch=tiny,variant={variant}", str(workdir / variant), overrides,
+        progress=not parallel, overwrite=overwrite) for variant in VARIANTS], parallel)
+
+
+def sink_train_commands(workdir: pathlib.Path, overrides: Mapping[str, Any], *, progress: bool,
+                        overwrite: bool) -> list[list[str]]:
+    """One training command per sink variant (configs/sinks.py at the demo's length)."""
+    from gated_attention.analysis import sink_report
+
+    return [train_command.train_argv(f"{sink_report.CONFIG_FILE}:variant={variant}",
+                                     str(workdir / variant), overrides, progress=progress,
+                                     overwrite=overwrite)
+            for variant in sink_report.SINK_VARIANTS]
 
 
 def run_commands(commands: list[list[str]], parallel: bool) -> None:
@@ -120,7 +127,7 @@ def _train_series(run_dir: pathlib.Path) -> list[tuple[int, float]]:
             if r.get("kind") == "train"]
 
 
-def analyse(workdir: pathlib.Path, overrides: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def analyze(workdir: pathlib.Path, overrides: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """model_statistics of each trained model on the same held-out rows."""
     from gated_attention import train
     from gated_attention.analysis.stats import model_statistics
@@ -236,10 +243,10 @@ def train_and_report_sinks(workdir: pathlib.Path, parallel: bool) -> list[str]:
     folder = workdir / "sinks"
     print(f"Training {' and '.join(sink_report.SINK_VARIANTS)} on the synthetic sink task for "
           f"{FLAGS.sink_steps} steps{' in parallel' if parallel else ''} ...", flush=True)
-    run_commands(sink_report.train_commands(folder, overrides, progress=not parallel,
-                                           overwrite=FLAGS.overwrite), parallel)
+    run_commands(sink_train_commands(folder, overrides, progress=not parallel,
+                                     overwrite=FLAGS.overwrite), parallel)
     print("Measuring the sink at every checkpoint ...", flush=True)
-    results = sink_report.analyse(folder)
+    results = sink_report.analyze(folder)
     return sink_report.report_lines(folder, results, overrides, "sinks") + sink_emergence_lines(
         folder, results, overrides)
 
@@ -277,11 +284,12 @@ def main(argv: list[str]) -> None:
           f"{' in parallel' if parallel else ''} ...", flush=True)
     train_both(workdir, overrides, parallel, FLAGS.overwrite)
     print("Measuring both models on held-out text ...", flush=True)
-    results = analyse(workdir, overrides)
+    results = analyze(workdir, overrides)
     sink_lines = train_and_report_sinks(workdir, parallel) if FLAGS.sinks else []
     report = write_report(workdir, results, overrides, time.perf_counter() - start, sink_lines)
     print(f"Report: {report}")
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -222,11 +222,6 @@ def barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-def is_main_process() -> bool:
-    """Only process 0 writes logs, metrics files and reports."""
-    return jax.process_index() == 0
-
-
 def per_host_batch(batch_size: int, process_count: int) -> int:
     """Rows of the global batch (train.batch_size) each host loads."""
     if batch_size % process_count:

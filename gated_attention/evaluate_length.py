@@ -34,15 +34,15 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from absl import app, flags
 
-from gated_attention import paths
+from gated_attention import errors, paths
 from gated_attention.analysis import retrieval_tasks
+from gated_attention.errors import UserError
 
 EVAL_DIR, RESULT_FILE = "length_eval", "length_eval.json"
 SCALINGS = ("none", "linear", "ntk", "yarn")
@@ -63,7 +63,7 @@ def scaled_config(cfg: Any, scaling: str, train_length: int, factor: float, bloc
     from gated_attention.layers.rope import RopeScaling
 
     if scaling not in SCALINGS:
-        raise ValueError(f"scaling={scaling!r} is not allowed; choose one of {', '.join(SCALINGS)}")
+        raise UserError(f"scaling={scaling!r} is not allowed; choose one of {', '.join(SCALINGS)}")
     rope = (RopeScaling() if scaling == "none" else
             RopeScaling(scaling, factor=factor, original_max_position=train_length))
     return cfg.replace(rope_scaling=rope, attention_impl="chunked",
@@ -150,12 +150,12 @@ def evaluate(workdir: str | os.PathLike[str], lengths: Sequence[int], *,
 
     passkey_run = config.data.source == "passkey"
     if config.data.source not in LOCAL_SOURCES and not passkey_run:
-        raise ValueError("evaluate_length reads the held-out split of a local data source "
-                         f"({', '.join(LOCAL_SOURCES)}) or scores a data.source='passkey' run; "
-                         f"data.source={config.data.source!r} is not supported yet")
+        raise UserError("evaluate_length reads the held-out split of a local data source "
+                        f"({', '.join(LOCAL_SOURCES)}) or scores a data.source='passkey' run; "
+                        f"data.source={config.data.source!r} is not supported yet")
     if passkey_run and ppl_rows:
-        raise ValueError("a data.source='passkey' run has no held-out text: pass --ppl_rows=0 "
-                         "(and --tasks=marked_passkey, the task it learned)")
+        raise UserError("a data.source='passkey' run has no held-out text: pass --ppl_rows=0 "
+                        "(and --tasks=marked_passkey, the task it learned)")
     params = nnx.state(model, nnx.Param)
     train_length = int(config.data.seq_len)
     factor = yarn_factor or max(1.0, max(lengths) / train_length)
@@ -218,9 +218,9 @@ def eviction_eval(workdir: str | os.PathLike[str], windows: Sequence[int],
         raise FileNotFoundError(f"{workdir} holds no config.json: not a training run")
     if not windows or min(windows) < 1 or min(keep_firsts, default=0) < 0 or rows < 1 \
             or batch_size < 1:
-        raise ValueError(f"--evict_windows={list(windows)} must be >= 1, --keep_first="
-                         f"{list(keep_firsts)} >= 0, --ppl_rows={rows} and --batch_size="
-                         f"{batch_size} >= 1")
+        raise UserError(f"--evict_windows={list(windows)} must be >= 1, --keep_first="
+                        f"{list(keep_firsts)} >= 0, --ppl_rows={rows} and --batch_size="
+                        f"{batch_size} >= 1")
     model, config = train.load_params(workdir, step=step)
     batches, chain, description = analysis_batches(config, workdir, batch_size,
                                                    max(1, -(-rows // batch_size)))
@@ -325,16 +325,16 @@ def _check_arguments(workdir, lengths, scalings, tasks, examples, ppl_rows, batc
     if not (workdir / "config.json").exists():
         raise FileNotFoundError(f"{workdir} holds no config.json: not a training run")
     if not lengths or min(lengths) < 2:
-        raise ValueError(f"--lengths={lengths} must be integers >= 2")
+        raise UserError(f"--lengths={lengths} must be integers >= 2")
     for scaling in scalings:
         if scaling not in SCALINGS:
-            raise ValueError(f"--scalings: {scaling!r} is not allowed; choose from "
-                             f"{', '.join(SCALINGS)}")
+            raise UserError(f"--scalings: {scaling!r} is not allowed; choose from "
+                            f"{', '.join(SCALINGS)}")
     retrieval_tasks.check_tasks(tasks)
     for name, value in (("examples", examples), ("ppl_rows", ppl_rows),
                         ("batch_size", batch_size), ("block", block)):
         if value < (0 if name in ("examples", "ppl_rows") else 1):
-            raise ValueError(f"--{name}={value} is out of range")
+            raise UserError(f"--{name}={value} is out of range")
 
 
 def _write(workdir: Any, result: dict[str, Any]) -> None:
@@ -351,7 +351,7 @@ def _write(workdir: Any, result: dict[str, Any]) -> None:
     paths.write_atomic(out / RESULT_FILE, json.dumps(result, indent=2) + "\n")
 
 
-def _define_flags() -> None:
+def define_flags() -> None:
     """Flags only when run as a program: modules that import this one define their own."""
     flags.DEFINE_string("workdir", None, "A training run's directory.")
     flags.DEFINE_list("lengths", None, "Total lengths to evaluate at, e.g. 256,512,1024.")
@@ -378,27 +378,28 @@ def main(argv: list[str]) -> None:
             result = eviction_eval(FLAGS.workdir, [int(x) for x in FLAGS.evict_windows],
                                    [int(x) for x in FLAGS.keep_first], rows=FLAGS.ppl_rows,
                                    batch_size=FLAGS.batch_size, step=FLAGS.step)
-        except (FileNotFoundError, ValueError) as err:
-            sys.exit(f"Error: {err}")
+        except (UserError, FileNotFoundError) as err:
+            errors.fail(err)
         print(f"Written to {result['out']}")
         return
     if not FLAGS.lengths:
-        sys.exit("Error: give --lengths (or --evict_windows)")
+        errors.exit_with("Error: give --lengths (or --evict_windows)")
     try:
         lengths = [int(x) for x in FLAGS.lengths]
     except ValueError:
-        sys.exit(f"Error: --lengths={','.join(FLAGS.lengths)} must be comma-separated integers")
+        errors.exit_with(f"Error: --lengths={','.join(FLAGS.lengths)} must be comma-separated "
+                         "integers")
     try:
         evaluate(FLAGS.workdir, lengths, scalings=FLAGS.scalings, yarn_factor=FLAGS.yarn_factor,
                  tasks=[t for t in FLAGS.tasks if t], examples=FLAGS.examples,
                  ppl_rows=FLAGS.ppl_rows, batch_size=FLAGS.batch_size, block=FLAGS.block,
                  seed=FLAGS.seed, step=FLAGS.step)
-    except (FileNotFoundError, ValueError) as err:
-        sys.exit(f"Error: {err}")
+    except (UserError, FileNotFoundError) as err:
+        errors.fail(err)
     print(f"Written to {paths.resolve(FLAGS.workdir) / EVAL_DIR / RESULT_FILE}")
 
 
 if __name__ == "__main__":
-    _define_flags()
+    define_flags()
     flags.mark_flags_as_required(["workdir"])
     app.run(main)

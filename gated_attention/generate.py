@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import pathlib
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from gated_attention import errors
+from gated_attention.errors import UserError
 from gated_attention.layers.kv_cache import KVCache, empty_caches
 from gated_attention.model import Transformer, per_layer
 
@@ -102,7 +103,7 @@ class Decoder:
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(tokens [b, P], positions [b, P]): prompts right-aligned, pads at negative positions."""
     if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
+        raise UserError("every prompt needs at least one token")
     longest = max(len(p) for p in prompts)
     tokens = np.full((len(prompts), longest), pad_id, np.int32)
     positions = np.zeros((len(prompts), longest), np.int32)
@@ -143,11 +144,11 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
              keep_first: int = 0) -> np.ndarray:
     """New tokens [b, max_new_tokens] for each prompt (token ids), prefill + scan under jit."""
     if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+        raise UserError(f"max_new_tokens={max_new_tokens} must be >= 1")
     if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p={top_p} must be in (0, 1]")
+        raise UserError(f"top_p={top_p} must be in (0, 1]")
     if temperature < 0:
-        raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy)")
+        raise UserError(f"temperature={temperature} must be >= 0 (0 = greedy)")
     tokens, positions = left_pad(prompts, pad_id)
     model = per_layer(model)  # one KV cache per layer: a scanned model is unstacked first
     graphdef, state = nnx.split(model)
@@ -191,7 +192,7 @@ def streaming_logits(model: Transformer, tokens: np.ndarray | jax.Array, *, evic
 def load_for_generation(workdir: str = "", hf_dir: str = "") -> tuple[Transformer, Any, Any]:
     """(model, run config, tokenizer) of a run's workdir or of a Hugging Face folder."""
     if bool(workdir) == bool(hf_dir):
-        raise ValueError("give exactly one of --workdir (a run) and --hf (a Hugging Face folder)")
+        raise UserError("give exactly one of --workdir (a run) and --hf (a Hugging Face folder)")
     from gated_attention.data.tokenizer import get_tokenizer
 
     if hf_dir:
@@ -228,28 +229,28 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
     FLAGS = flags.FLAGS
     if len(argv) > 1:
-        sys.exit(f"unexpected arguments: {' '.join(argv[1:])}")
+        errors.exit_with(f"unexpected arguments: {' '.join(argv[1:])}")
     try:
         model, config, tokenizer = load_for_generation(FLAGS.workdir or "", FLAGS.hf or "")
-    except (ValueError, FileNotFoundError) as err:
-        sys.exit(f"Error: {err}")
+    except (UserError, FileNotFoundError) as err:
+        errors.fail(err)
     prompt = encode_prompt(FLAGS.prompt, tokenizer, config)
     if not prompt:
-        sys.exit("Error: --prompt encodes to no tokens")
+        errors.exit_with("Error: --prompt encodes to no tokens")
     try:
         new = generate(model, [prompt], FLAGS.max_new_tokens, temperature=FLAGS.temperature,
                        top_p=FLAGS.top_p, seed=FLAGS.seed,
                        eos_id=None if FLAGS.ignore_eos else int(tokenizer.eos_id),
                        evict_window=FLAGS.evict_window, keep_first=FLAGS.keep_first)[0]
-    except ValueError as err:
-        sys.exit(f"Error: {err}")
+    except UserError as err:
+        errors.fail(err)
     eos = np.flatnonzero(new == tokenizer.eos_id)
     if eos.size and not FLAGS.ignore_eos:
         new = new[: eos[0]]
     print(FLAGS.prompt + tokenizer.decode([int(i) for i in new]))
 
 
-def _define_flags() -> None:
+def define_flags() -> None:
     from absl import flags
 
     flags.DEFINE_string("workdir", None, "A training run (or a `convert from_hf` workdir).")
@@ -271,5 +272,5 @@ def _define_flags() -> None:
 if __name__ == "__main__":
     from absl import app
 
-    _define_flags()
+    define_flags()
     app.run(main)

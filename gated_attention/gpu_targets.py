@@ -20,6 +20,8 @@ import dataclasses
 import os
 import re
 
+from gated_attention.errors import UserError
+
 MiB = 2**20
 GiB = 2**30
 DEFAULT_MEMORY_FRACTION = 0.75  # jax's GPU allocator default (XLA_PYTHON_CLIENT_MEM_FRACTION)
@@ -57,7 +59,7 @@ GPUS_PER_HOST = (1, 2, 4, 8)  # 8: HGX / DGX nodes on NVLink; 1-4: smaller cloud
 _NAME = re.compile(r"(a100-80gb|h100|h200|b200)-(\d+)")
 
 
-class GpuAcceleratorError(ValueError):
+class GpuAcceleratorError(UserError):
     """A GPU node name this module does not describe."""
 
 

@@ -70,8 +70,9 @@ def _extra_reports(config: Any) -> dict[str, Any]:
         raise app.UsageError(str(err)) from None
 
 
-if __name__ == "__main__":
-    from absl import app, flags
+def define_flags() -> None:
+    """The command's flags, defined when it runs (importing the module defines none)."""
+    from absl import flags
     from ml_collections import config_flags
 
     config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
@@ -84,5 +85,11 @@ if __name__ == "__main__":
                         "slice (v5p-64, v5litepod-16, ...; needs libtpu) and show the compiler's "
                         "per-device memory (see gated_attention/preflight.py).")
     flags.mark_flags_as_required(["config"])
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    define_flags()
     jax.config.update("jax_platforms", "cpu")
     app.run(main)

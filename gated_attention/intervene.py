@@ -26,7 +26,6 @@ import json
 import math
 import os
 import pathlib
-import sys
 import tempfile
 from collections.abc import Sequence
 from typing import Any
@@ -35,7 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from gated_attention import paths
+from gated_attention import errors, paths
+from gated_attention.errors import UserError
 
 OUT_DIR = "interventions"
 METRICS = ("loss", "first_token_attention", "sink_rate", "massive_activation")
@@ -65,11 +65,11 @@ def parse_where(spec: str, flag: str) -> tuple[int | None, int | None]:
     """`L:H` with `*` for every layer / head."""
     parts = spec.split(":")
     if len(parts) != 2:
-        raise ValueError(f"--{flag}={spec!r} must look like LAYER:HEAD (integers or *)")
+        raise UserError(f"--{flag}={spec!r} must look like LAYER:HEAD (integers or *)")
     try:
         return tuple(None if p.strip() == "*" else int(p) for p in parts)  # type: ignore[return-value]
     except ValueError:
-        raise ValueError(f"--{flag}={spec!r} must look like LAYER:HEAD (integers or *)") from None
+        raise UserError(f"--{flag}={spec!r} must look like LAYER:HEAD (integers or *)") from None
 
 
 def _gates(attention: nnx.Module) -> list[nnx.Module]:
@@ -82,18 +82,18 @@ def check_changes(cfg: Any, changes: Sequence[Change]) -> None:
     heads, _ = cfg.heads
     for change in changes:
         if change.kind in ("scale", "open", "closed") and not cfg.variant.gated:
-            raise ValueError(f"{change.label}: variant {cfg.variant.name!r} has no gate "
-                             "(gate_position='none')")
+            raise UserError(f"{change.label}: variant {cfg.variant.name!r} has no gate "
+                            "(gate_position='none')")
         if change.kind == "sink" and cfg.variant.normalizer != "learned_sink":
-            raise ValueError(f"{change.label}: needs normalizer='learned_sink', the run has "
-                             f"{cfg.variant.normalizer!r}")
+            raise UserError(f"{change.label}: needs normalizer='learned_sink', the run has "
+                            f"{cfg.variant.normalizer!r}")
         if change.layer is not None and not 0 <= change.layer < cfg.num_layers:
-            raise ValueError(f"{change.label}: layer must be in 0..{cfg.num_layers - 1}")
+            raise UserError(f"{change.label}: layer must be in 0..{cfg.num_layers - 1}")
         if change.head is not None and not 0 <= change.head < heads:
-            raise ValueError(f"{change.label}: head must be in 0..{heads - 1}")
+            raise UserError(f"{change.label}: head must be in 0..{heads - 1}")
         if change.kind in ("open", "closed") and change.head is not None \
                 and cfg.variant.gate_position == "dense_output":
-            raise ValueError(f"{change.label}: a G5 gate has no heads; use LAYER:*")
+            raise UserError(f"{change.label}: a G5 gate has no heads; use LAYER:*")
 
 
 def _force(gate: nnx.Module, head: int | None, value: float, heads: int) -> None:
@@ -211,7 +211,7 @@ def intervene(workdir: str | os.PathLike[str], changes: Sequence[Change], *, bat
     if not (workdir / "config.json").exists():
         raise FileNotFoundError(f"{workdir} holds no config.json: not a training run")
     if batches < 1 or batch_size < 1:
-        raise ValueError(f"--batches={batches} and --batch_size={batch_size} must be >= 1")
+        raise UserError(f"--batches={batches} and --batch_size={batch_size} must be >= 1")
     model, config = train.load_params(workdir, step=step)
     model = per_layer(model)
     check_changes(model.cfg, changes)
@@ -253,9 +253,9 @@ def changes_from_flags(scales: Sequence[str], force_open: Sequence[str],
             try:
                 value = float(text)
             except ValueError:
-                raise ValueError(f"--{flag}: {text!r} is not a number") from None
+                raise UserError(f"--{flag}: {text!r} is not a number") from None
             if not math.isfinite(value):
-                raise ValueError(f"--{flag}: {text!r} must be finite")
+                raise UserError(f"--{flag}: {text!r} must be finite")
             changes.append(Change("scale" if flag == "scales" else "sink", value))
     for kind, flag, specs in (("open", "force_open", force_open),
                               ("closed", "force_closed", force_closed),
@@ -264,12 +264,12 @@ def changes_from_flags(scales: Sequence[str], force_open: Sequence[str],
             layer, head = parse_where(spec, flag)
             changes.append(Change(kind, layer=layer, head=head))
     if not changes:
-        raise ValueError("no intervention asked: give --scales, --force_open, --force_closed, "
-                         "--ablate or --clamp_sink")
+        raise UserError("no intervention asked: give --scales, --force_open, --force_closed, "
+                        "--ablate or --clamp_sink")
     return changes
 
 
-def _define_flags() -> None:
+def define_flags() -> None:
     from absl import flags
 
     flags.DEFINE_string("workdir", None, "A training run (or a `convert from_hf` workdir).")
@@ -288,21 +288,21 @@ def main(argv: list[str]) -> None:
 
     logging.set_verbosity(logging.WARNING)
     if len(argv) > 1:
-        sys.exit(f"unexpected arguments: {' '.join(argv[1:])}")
+        errors.exit_with(f"unexpected arguments: {' '.join(argv[1:])}")
     FLAGS = flags.FLAGS
     try:
         changes = changes_from_flags(FLAGS.scales, FLAGS.force_open, FLAGS.force_closed,
                                      FLAGS.ablate, FLAGS.clamp_sink)
         result = intervene(FLAGS.workdir, changes, batches=FLAGS.batches,
                            batch_size=FLAGS.batch_size, step=FLAGS.step)
-    except (ValueError, FileNotFoundError) as err:
-        sys.exit(f"Error: {err}")
+    except (UserError, FileNotFoundError) as err:
+        errors.fail(err)
     print(f"Written to {result['out']}")
 
 
 if __name__ == "__main__":
     from absl import app, flags
 
-    _define_flags()
+    define_flags()
     flags.mark_flags_as_required(["workdir"])
     app.run(main)

@@ -17,11 +17,15 @@ bucket (--workdir=gs://bucket/runs/x). On a pod every host runs the same command
 
 from __future__ import annotations
 
-import re
+import os
 import sys
+import traceback
+from typing import NoReturn
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from gated_attention import errors
 
 
 def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
@@ -53,36 +57,38 @@ def main(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> None:
     FLAGS = flag_values  # noqa: N806 - the parsed command line (absl's global one by default)
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    from gated_attention import checkpoint, config_lib, distributed, interrupts, train, workdir_lock
-    from gated_attention import workdir as workdir_lib
+    from gated_attention import checkpoint, config_lib, distributed, interrupts, train
 
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
     config = _load_config(FLAGS)
     overridden = next((a for a in sys.argv if a.startswith("--config.arch")), None)
     if overridden:  # the model fields were filled from the config string's arch
-        sys.exit(f"Config error: {overridden} is refused: config.arch names the architecture "
-                 "the model fields came from; choose it in the config string "
-                 "(--config=configs/ablation.py:arch=NAME) and override config.model.<field> "
-                 "for the rest")
-    try:
-        from gated_attention.data.inputs import import_modules
+        errors.exit_with(
+            f"Config error: {overridden} is refused: config.arch names the architecture the "
+            "model fields came from; choose it in the config string "
+            "(--config=configs/ablation.py:arch=NAME) and override config.model.<field> for "
+            "the rest")
+    from gated_attention.data.inputs import import_modules
 
+    try:
         import_modules(FLAGS.seqio_module)  # registers the user's seqio tasks
+    except ImportError as err:  # the user's --seqio_module is missing
+        errors.fail(err, "Config error")
+    try:
         config_lib.validate_run_config(config)
         from gated_attention import run_checks  # the documents and a tokenizer that fits
 
         run_checks.check_run(config, None if FLAGS.overwrite else FLAGS.workdir, inputs=False)
-    except (config_lib.ConfigError, ImportError) as err:
-        sys.exit(f"Config error: {err}")
+    except errors.UserError as err:
+        _fail(err)
     distributed.initialize({"auto": None, "yes": True, "no": False}[FLAGS.multihost])
     try:
         summary = train.run(config, FLAGS.workdir, overwrite=FLAGS.overwrite,
                             progress=FLAGS.progress)
-    except config_lib.ConfigError as err:
-        sys.exit(f"Config error: {err}")
-    except (workdir_lib.WorkdirError, workdir_lock.WorkdirBusyError,
-            checkpoint.CheckpointError) as err:
-        sys.exit(f"Error: {err}")
+    except errors.UserError as err:  # ConfigError, WorkdirError, WorkdirBusyError
+        _fail(err)
+    except checkpoint.CheckpointError as err:  # a damaged or missing checkpoint of the workdir
+        errors.fail(err)
     except train.NonFiniteError as err:
         sys.exit(f"Diverged: {err}")
     except interrupts.Interrupted as err:
@@ -98,6 +104,12 @@ def main(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> None:
               f"perplexity {evaluation['perplexity']:.2f}. Run in {FLAGS.workdir}")
 
 
+def _fail(err: BaseException) -> NoReturn:
+    from gated_attention import config_lib
+
+    errors.fail(err, "Config error" if isinstance(err, config_lib.ConfigError) else "Error")
+
+
 def _load_config(FLAGS: flags.FlagValues):  # noqa: N803
     """FLAGS.config, with a config file that cannot be loaded as one line (absl loads it
     lazily, at the first access)."""
@@ -105,7 +117,7 @@ def _load_config(FLAGS: flags.FlagValues):  # noqa: N803
         config = FLAGS.config
         config.keys()
     except OSError as err:
-        sys.exit(_unloadable(FLAGS["config"].serialize().split("=", 1)[-1], err))
+        errors.exit_with(_unloadable(FLAGS["config"].serialize().split("=", 1)[-1], err))
     return config
 
 
@@ -114,31 +126,33 @@ def _unloadable(path: str, err: OSError) -> str:
     return f"Config error: --config={path} cannot be loaded ({reason})"
 
 
-def _last_exception_line(text: str) -> str:
-    """`pkg.module.SomeError: message` -> `message`, from the end of a traceback text."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    for line in reversed(lines):
-        match = re.match(r"^[\w.]*(Error|Exception)(:\s*(.*))?$", line)
-        if match:
-            return match.group(3) or line
-    return " ".join(lines[-1:])
+def _raised_in_ml_collections(err: BaseException) -> bool:
+    """Whether `err` was raised inside ml_collections (an unknown or ill-typed
+    --config.<field> override), not in this project's code."""
+    frames = traceback.extract_tb(err.__traceback__)
+    return bool(frames) and f"{os.sep}ml_collections{os.sep}" in frames[-1].filename
 
 
 def parse_flags(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> list[str]:
-    """absl parsing, with config errors (unknown field, bad arch/variant) as one clear line."""
+    """absl parsing, with config errors (unknown field, bad arch/variant) as one clear line;
+    an exception of the project's own code keeps its traceback."""
     try:
         return flag_values(argv)
     except OSError as err:  # the config file is missing or unreadable
         path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "?")
-        sys.exit(_unloadable(path, err))
+        errors.exit_with(_unloadable(path, err))
     except flags.Error as err:
-        text = str(err)
-        if "Traceback (most recent call last)" in text:  # the config file itself raised
-            sys.exit(f"Config error: {_last_exception_line(text)}")
-        sys.exit(f"Flag error: {text.splitlines()[0]}\nPass --helpfull to see the flags.")
+        if (user := errors.user_error_in(err)) is not None:  # the config file refused
+            errors.fail(user, "Config error")
+        if "Traceback (most recent call last)" in str(err):  # the config file's code failed
+            raise
+        errors.exit_with(f"Flag error: {str(err).splitlines()[0]}\n"
+                         "Pass --helpfull to see the flags.")
     except (AttributeError, KeyError, TypeError, ValueError) as err:
+        if not _raised_in_ml_collections(err):
+            raise
         message = str(err).strip("'\"").replace("\\n", " ").replace("\\'", "'")
-        sys.exit(f"Config error: {message}")
+        errors.exit_with(f"Config error: {message}")
 
 
 if __name__ == "__main__":

@@ -34,12 +34,6 @@ class SpikeDetector:
         self.ema = loss if self.ema is None else self.decay * self.ema + (1 - self.decay) * loss
         return bool(spike)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"ema": self.ema}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.ema = state.get("ema")
-
 
 def read_jsonl(path: str | os.PathLike[str], *, torn_tail: str = "error"
                ) -> list[dict[str, Any]]:

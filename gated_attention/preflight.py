@@ -43,7 +43,8 @@ if __name__ == "__main__" and cuda_compile.wants_gpu_target(sys.argv):
 
 import jax  # noqa: E402
 
-from gated_attention import config_lib, gpu_targets  # noqa: E402
+from gated_attention import config_lib, errors, gpu_targets  # noqa: E402
+from gated_attention.errors import UserError  # noqa: E402
 from gated_attention.run_checks import check_run  # noqa: E402
 from gated_attention.target_compile import (  # noqa: E402, F401 - building blocks, also exported
     MOSAIC_CALL,
@@ -66,13 +67,13 @@ def parse_target(name: str, hosts: int | None = None) -> Target:
     if gpu_targets.is_gpu_accelerator(name) or name.strip().split("-")[0] in gpu_targets.GPUS:
         return gpu_targets.parse_accelerator(name, 1 if hosts is None else hosts)
     if hosts not in (None, 1):
-        raise ValueError(f"--hosts={hosts} applies to GPU nodes ("
-                         f"{', '.join(gpu_targets.known_accelerators())}); a TPU type "
-                         "already names its hosts")
+        raise UserError(f"--hosts={hosts} applies to GPU nodes ("
+                        f"{', '.join(gpu_targets.known_accelerators())}); a TPU type "
+                        "already names its hosts")
     try:
         return parse_accelerator(name)
     except ValueError as err:
-        raise ValueError(f"{err}; GPU nodes: {', '.join(gpu_targets.known_accelerators())}") \
+        raise UserError(f"{err}; GPU nodes: {', '.join(gpu_targets.known_accelerators())}") \
             from None
 
 
@@ -96,14 +97,14 @@ def check_slices(config: Any, num_slices: int) -> None:
     from gated_attention import sharding
 
     if num_slices < 1:
-        raise ValueError(f"--slices={num_slices} must be at least 1")
+        raise UserError(f"--slices={num_slices} must be at least 1")
     dcn = dict(zip(sharding.DCN_KEYS, sharding.dcn_shape(config.mesh)))
     spanned = math.prod(dcn.values())
     if spanned != num_slices:
         set_axes = ", ".join(f"mesh.{k}={v}" for k, v in dcn.items() if v != 1) or "none set"
-        raise ValueError(f"--slices={num_slices} needs mesh.dcn_* sizes that multiply to "
-                         f"{num_slices} (e.g. --config.mesh.dcn_data={num_slices}); the config "
-                         f"spans {spanned} slice(s) ({set_axes})")
+        raise UserError(f"--slices={num_slices} needs mesh.dcn_* sizes that multiply to "
+                        f"{num_slices} (e.g. --config.mesh.dcn_data={num_slices}); the config "
+                        f"spans {spanned} slice(s) ({set_axes})")
 
 
 def preflight(config: Any, tpu: Target, steps: tuple[str, ...] = STEPS,
@@ -112,14 +113,14 @@ def preflight(config: Any, tpu: Target, steps: tuple[str, ...] = STEPS,
     type (their DCN mesh axes across slices); the report as a dict (bytes per device)."""
     cfg = config_lib.validate_run_config(config)
     if num_slices != 1 and isinstance(tpu, gpu_targets.GpuNode):
-        raise ValueError(f"--slices={num_slices} is for TPU types; GPU nodes take --hosts")
+        raise UserError(f"--slices={num_slices} is for TPU types; GPU nodes take --hosts")
     check_slices(config, num_slices)
     check_run(config)  # documents, tokenizer, vocabulary: what the run reads before step 1
     if dump_hlo is not None:
         taken = [dump_hlo / f"{s}_step.hlo.txt" for s in steps
                  if (dump_hlo / f"{s}_step.hlo.txt").exists()]
         if taken:
-            raise ValueError(f"--dump_hlo: {taken[0]} exists; choose an empty folder")
+            raise UserError(f"--dump_hlo: {taken[0]} exists; choose an empty folder")
     gpu = isinstance(tpu, gpu_targets.GpuNode)
     platform = "gpu" if gpu else "tpu"
     mesh = (gpu_mesh(tpu, config.mesh) if gpu
@@ -240,41 +241,33 @@ def main(argv: list[str]) -> None:
     FLAGS = flags.FLAGS
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    from gated_attention.tpu_topologies import AcceleratorError
-
     try:
         tpu = parse_target(FLAGS.accelerator, FLAGS.hosts)
         steps = tuple(s for s in FLAGS.steps.split(",") if s) or steps_main_runs(FLAGS.config)
         for s in steps:
             if s not in STEPS:
-                raise ValueError(f"--steps {s!r} is not allowed; choose from {', '.join(STEPS)}")
+                raise UserError(f"--steps {s!r} is not allowed; choose from {', '.join(STEPS)}")
         info = preflight(FLAGS.config, tpu, steps,
                          Path(FLAGS.dump_hlo) if FLAGS.dump_hlo else None, FLAGS.slices)
-    except (AcceleratorError, config_lib.ConfigError, ValueError) as err:
-        sys.exit(f"Pre-flight error: {err}")
+    except UserError as err:  # AcceleratorError, GpuAcceleratorError, ConfigError, ...
+        errors.fail(err, "Pre-flight error")
     print(json.dumps(info, indent=2) if FLAGS.json else format_report(info))
     if not info["fits"]:
         sys.exit(1)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl parsing, with config errors (unknown field, bad arch/variant) as one clear line."""
+    """absl parsing as main's: config errors as one clear line, code bugs with a traceback."""
     from absl import flags
 
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as err:
-        sys.exit(f"Flag error: {err}\nPass --helpfull to see the flags.")
-    except (AttributeError, KeyError, TypeError, ValueError) as err:
-        message = str(err).strip("'\"").replace("\\n", " ").replace("\\'", "'")
-        sys.exit(f"Config error: {message}")
+    from gated_attention import main as main_command
+
+    return main_command.parse_flags(argv, flags.FLAGS)
 
 
-if __name__ == "__main__":
-    # The host only compiles; no accelerator needed (and the CUDA plugin registers its
-    # compiler without a GPU only when jax's platforms are "cpu").
-    jax.config.update("jax_platforms", "cpu")
-    from absl import app, flags
+def define_flags() -> None:
+    """The command's flags, defined when it runs (importing the module defines none)."""
+    from absl import flags
     from ml_collections import config_flags
 
     config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
@@ -292,5 +285,13 @@ if __name__ == "__main__":
     flags.DEFINE_bool("json", False, "Print JSON instead of a table.")
     flags.DEFINE_string("dump_hlo", "", "Folder to write the optimized HLO of each step to.")
     flags.mark_flags_as_required(["config", "accelerator"])
-    FLAGS = flags.FLAGS
+
+
+if __name__ == "__main__":
+    # The host only compiles; no accelerator needed (and the CUDA plugin registers its
+    # compiler without a GPU only when jax's platforms are "cpu").
+    jax.config.update("jax_platforms", "cpu")
+    from absl import app
+
+    define_flags()
     app.run(main, flags_parser=parse_flags)

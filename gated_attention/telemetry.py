@@ -246,7 +246,7 @@ def make_telemetry_fn(graphdef: nnx.GraphDef, config: Any):
     return telemetry
 
 
-def summarize(values: Mapping[str, Any], variant_activation: str) -> dict[str, Any]:
+def to_record(values: Mapping[str, Any], variant_activation: str) -> dict[str, Any]:
     """Fetched arrays -> the JSON record (plain floats and lists; non-finite as None)."""
 
     def plain(x: Any) -> Any:

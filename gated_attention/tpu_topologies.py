@@ -19,6 +19,8 @@ import math
 import re
 import sys
 
+from gated_attention.errors import UserError
+
 GiB = 1024**3
 
 
@@ -86,7 +88,7 @@ _ALIASES = {"v5litepod": "v5e", "v5e": "v5e", "v5p": "v5p", "v6e": "v6e", "v4": 
             "v3": "v3", "v2": "v2", "tpu7x": "tpu7x"}
 
 
-class AcceleratorError(ValueError):
+class AcceleratorError(UserError):
     """An accelerator name this module cannot map to a TPU topology."""
 
 

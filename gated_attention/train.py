@@ -474,7 +474,7 @@ class _PendingMetrics:
         points, self.telemetry = self.telemetry, []
         for step, values in zip([s for s, _ in points],
                                 jax.device_get([v for _, v in points])):
-            self.writer.write_telemetry(step, telemetry_lib.summarize(values, self.activation))
+            self.writer.write_telemetry(step, telemetry_lib.to_record(values, self.activation))
 
     def write(self) -> None:
         """Read and write every pending step; NonFiniteError when the run must stop."""

@@ -1,7 +1,10 @@
 """Attention variants as data: every row of the paper's tables is one `AttentionVariant`.
 
-A variant is a small frozen dataclass validated once at construction. It is interpreted in
-exactly two places (layers/gates.py and layers/attention.py); nothing else branches on it.
+A variant is a small frozen dataclass validated once at construction. The model is built from
+it in three places (layers/gates.py, layers/attention.py, and layers/block.py for
+sandwich norm); two more branch on it to check and count (config_lib.ModelConfig: heads,
+experts, Switch-Head bias; accounting.py: gate parameters). The rest only read fields to
+report or map them (analysis/stats.py, telemetry.py, intervene.py, hf/).
 The general form of a gate is `Y' = Y (op) act(X W)` (docs/method.md), so each axis of variation
 is one field here.
 """
@@ -12,8 +15,9 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-# Kernel vocabularies live with the kernels (ops/); a variant only chooses among them.
 from gated_attention.config_checks import ConfigError
+
+# Kernel vocabularies live with the kernels (ops/); a variant only chooses among them.
 from gated_attention.ops import GATE_ACTIVATIONS as ACTIVATIONS
 from gated_attention.ops import NORMALIZERS
 

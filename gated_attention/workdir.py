@@ -26,6 +26,7 @@ from typing import Any
 from etils import epath
 
 from gated_attention import paths
+from gated_attention.errors import UserError
 from gated_attention.workdir_lock import LOCK_FILE, WorkdirLock
 
 CONFIG_FILE = "config.json"
@@ -35,7 +36,7 @@ CONFIG_FILE = "config.json"
 POD_FOLDERS = ("logs", "supervisor")
 
 
-class WorkdirError(RuntimeError):
+class WorkdirError(UserError):
     """The workdir holds something this run must not overwrite."""
 
 

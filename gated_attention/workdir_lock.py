@@ -20,11 +20,12 @@ import time
 from typing import Any
 
 from gated_attention import paths
+from gated_attention.errors import UserError
 
 LOCK_FILE = ".lock"
 
 
-class WorkdirBusyError(RuntimeError):
+class WorkdirBusyError(UserError):
     """Another live process holds the workdir."""
 
 

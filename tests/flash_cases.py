@@ -3,7 +3,8 @@
 Each case computes the output and the gradients of a random linear loss w.r.t. q, k, v, gate
 and sink_logits in one compiled call (interpret-mode kernels compile slowly on CPU, so one
 compile per case), and compares them with ops/reference.py run on float64 copies of the same
-inputs. Errors are max|kernel - reference| / max|reference| per array.
+inputs. Errors are max|kernel - reference| / max|reference| per array. Inputs, the gradient
+probe and the errors come from gated_attention/ops/testing.py, as the benchmark's check's do.
 """
 
 from __future__ import annotations
@@ -20,13 +21,10 @@ import numpy as np
 import pytest
 
 from gated_attention import distributed, ops, sharding
-from gated_attention.data.packing import random_segment_ids
-from gated_attention.ops import reference
+from gated_attention.ops import reference, testing
 from gated_attention.ops.block_sizes import block_sizes_for
 
-# Interpret-mode kernels are big XLA programs: skipping the expensive LLVM passes halves the
-# compile time and changes no numerics that the tolerances below could see.
-FAST_COMPILE = dict(xla_backend_optimization_level=0, xla_llvm_disable_expensive_passes=True)
+FAST_COMPILE = testing.FAST_COMPILE  # interpret-mode kernels compile at half the cost
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,38 +55,25 @@ class Case:
 
 
 def make_inputs(case: Case, seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    b, s, h, n, d = case.batch, case.seq, case.heads, case.kv_heads, case.head_dim
-    dtype = jnp.dtype(case.dtype)
-    normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)  # noqa: E731
-    gate_shape = {"elementwise": (b, s, h, d), "headwise": (b, s, h), None: None}[case.gate]
-    return dict(
-        q=normal(b, s, h, d), k=normal(b, s, n, d), v=normal(b, s, n, d),
-        gate=None if gate_shape is None else normal(*gate_shape),
-        sink=(jnp.asarray(rng.standard_normal(h), jnp.float32)
-              if case.normalizer == "learned_sink" else None),
-        segment_ids=jnp.asarray(random_segment_ids(rng, b, s)) if case.segments else None,
-        probe=jnp.asarray(rng.standard_normal((b, s, h, d)), jnp.float64),
-    )
+    return testing.random_inputs(
+        np.random.default_rng(seed), batch=case.batch, seq=case.seq, heads=case.heads,
+        kv_heads=case.kv_heads, head_dim=case.head_dim, gate=case.gate, segments=case.segments,
+        dtype=jnp.dtype(case.dtype), sink=case.normalizer == "learned_sink",
+        probe_dtype=jnp.float64)
 
 
 def _value_and_grads(attention_fn, case: Case, inputs: dict, kwargs: dict):
-    names = [n for n in ("q", "k", "v", "gate", "sink") if inputs[n] is not None]
+    def forward(diff: dict):
+        args = {**{n: inputs[n] for n in testing.DIFFERENTIABLE}, **diff}
+        return attention_fn(args["q"], args["k"], args["v"], gate=args["gate"],
+                            sink_logits=args["sink"], segment_ids=inputs["segment_ids"],
+                            gate_activation=case.activation, causal=case.causal,
+                            normalizer=case.normalizer, **kwargs)
 
-    def loss(diff: dict):
-        args = {**{n: inputs[n] for n in ("q", "k", "v", "gate", "sink")}, **diff}
-        out = attention_fn(args["q"], args["k"], args["v"], gate=args["gate"],
-                           sink_logits=args["sink"], segment_ids=inputs["segment_ids"],
-                           gate_activation=case.activation, causal=case.causal,
-                           normalizer=case.normalizer, **kwargs)
-        probe = inputs["probe"]
-        return jnp.sum(out.astype(probe.dtype) * probe), out
-
-    diff = {n: inputs[n] for n in names}
+    diff = {n: inputs[n] for n in testing.DIFFERENTIABLE if inputs[n] is not None}
     if not case.grads:
-        return loss(diff)[1], {}
-    (_, out), grads = jax.value_and_grad(loss, has_aux=True)(diff)
-    return out, grads
+        return forward(diff), {}
+    return testing.probe_vjp(forward, diff, inputs["probe"])
 
 
 def errors(attention_fn, case: Case, seed: int = 0, x64: bool = False,
@@ -106,21 +91,13 @@ def errors(attention_fn, case: Case, seed: int = 0, x64: bool = False,
             inputs)
         compiled = jax.jit(lambda x: _value_and_grads(attention_fn, case, x, kwargs)).lower(
             kernel_inputs).compile(compiler_options=FAST_COMPILE)
-        out, grads = compiled(kernel_inputs)
+        got = compiled(kernel_inputs)
     with jax.enable_x64(True):
         as64 = {n: (v if v is None or n in ("segment_ids", "probe") else v.astype(jnp.float64))
                 for n, v in inputs.items()}
-        ref_out, ref_grads = _value_and_grads(reference.attention, case, as64, {})
-        assert ref_out.dtype == jnp.float64
-    result = {"out": _rel(out, ref_out)}
-    result.update({f"d{n}": _rel(grads[n], ref_grads[n]) for n in grads})
-    return result
-
-
-def _rel(x: jax.Array, ref: jax.Array) -> float:
-    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-    assert np.all(np.isfinite(x)), "non-finite values"
-    return float(np.max(np.abs(x - ref)) / max(np.max(np.abs(ref)), 1e-30))
+        want = _value_and_grads(reference.attention, case, as64, {})
+        assert want[0].dtype == jnp.float64
+    return testing.relative_errors(got, want)
 
 
 # ----------------------------------------------------------------------------- one per backend

@@ -5,6 +5,8 @@ Each case runs `python -m gated_attention.main` in-process (its own absl flag se
 train step's compile replaced by a failure, and compares the workdir before and after.
 """
 
+import contextlib
+import io
 import json
 import re
 import sys
@@ -41,9 +43,11 @@ def command(tmp_path, monkeypatch, args, run_dir):
             *(a for a in args if not a.startswith("--config="))]
     monkeypatch.setattr(sys, "argv", argv)  # ml_collections reads overrides from sys.argv
     flag_values = main.define_flags(flags.FlagValues())
-    with pytest.raises(SystemExit) as stop:
+    stderr = io.StringIO()
+    with pytest.raises(SystemExit) as stop, contextlib.redirect_stderr(stderr):
         main.main(main.parse_flags(argv, flag_values), flag_values)
-    return str(stop.value.code)
+    assert stop.value.code == 2, (stop.value.code, stderr.getvalue())  # a user error: exit 2
+    return stderr.getvalue().rstrip("\n")
 
 
 def tree(path):

@@ -4,6 +4,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from config_fixtures import flat
 
 from gated_attention.config_lib import ConfigError, validate_run_config
 from gated_attention.variants import VARIANTS
@@ -71,21 +72,6 @@ def test_family_files_keep_to_their_archs():
             load(name).get_config("arch=small")
     assert load("tiny").get_config("arch=tiny_moe,variant=g1_sdpa_headwise").variant == (
         "g1_sdpa_headwise")
-
-
-def flat(config) -> dict:
-    """A config as {"section.field": value} (nested sections joined with dots)."""
-    out = {}
-
-    def walk(prefix, value):
-        if hasattr(value, "items"):
-            for key, inner in value.items():
-                walk(f"{prefix}{key}.", inner)
-        else:
-            out[prefix[:-1]] = value
-
-    walk("", config.to_dict())
-    return out
 
 
 def builders():

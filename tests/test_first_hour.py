@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from config_fixtures import flat
 
 from gated_attention import config_lib
 
@@ -53,20 +54,6 @@ def config_of(flags: list[str]):
             config[section_name][field] = type(config[section_name][field])(value)
     config_lib.validate_run_config(config)  # also brings the variant label in line
     return config
-
-
-def flat(config) -> dict:
-    out = {}
-
-    def walk(prefix, value):
-        if hasattr(value, "items"):
-            for key, inner in value.items():
-                walk(f"{prefix}{key}.", inner)
-        else:
-            out[prefix[:-1]] = value
-
-    walk("", config.to_dict())
-    return out
 
 
 def test_the_quick_starts_second_run_changes_one_field_of_the_first():

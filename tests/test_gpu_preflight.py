@@ -70,7 +70,7 @@ def test_cli_refuses_an_unknown_gpu_in_one_line_before_compiling(tmp_path):
          "--config=configs/ablation.py:arch=tiny", "--accelerator=h200-3",
          f"--dump_hlo={tmp_path / 'hlo'}"],
         capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert result.returncode == 1
+    assert result.returncode == 2  # a user error (1 is "does not fit")
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("Pre-flight error: accelerator 'h200-3' is not a GPU node"), last
     assert "h200-8" in last and not (tmp_path / "hlo").exists()

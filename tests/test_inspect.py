@@ -58,3 +58,15 @@ def test_cli_rejects_unknown_variant_with_allowed_names():
     )
     assert result.returncode != 0
     assert "variant='g7' is unknown; choose one of baseline" in result.stderr
+
+
+def test_the_inspect_door_leaves_the_standard_librarys_inspect_alone():
+    """gated_attention/inspect.py is only the `python -m gated_attention.inspect` door (the
+    counting is in accounting.py); the package's own `import inspect` gets the stdlib."""
+    import inspect as stdlib_inspect
+
+    from gated_attention.ops import cudnn_packed
+
+    assert cudnn_packed.inspect is stdlib_inspect
+    assert stdlib_inspect.__file__.endswith("/inspect.py") and "gated_attention" not in (
+        stdlib_inspect.__file__)

@@ -20,6 +20,7 @@ PACKAGE = Path(__file__).parents[1] / "gated_attention"
 FLOORS: dict[str, int] = {
     # 0: kernels, plain functions of arrays (no Flax, no configs).
     "gated_attention.ops": 0,
+    "gated_attention.errors": 0,  # the one user-error class: every floor may raise it
     # 1: the ground floor: meshes and logical-axis rules, file paths, processes.
     "gated_attention.sharding": 1,
     "gated_attention.paths": 1,
@@ -28,8 +29,8 @@ FLOORS: dict[str, int] = {
     "gated_attention.gpu_targets": 1,
     "gated_attention.watchdog": 1,
     "gated_attention.cuda_compile": 1,
-    "gated_attention.errors": 1,
     "gated_attention.config_checks": 1,
+    "gated_attention.train_command": 1,  # the training command's argv (imports nothing)
     # 2: what the model is made of: the variant space, the model description, layers.
     "gated_attention.variants": 2,
     "gated_attention.layers": 2,

@@ -48,7 +48,7 @@ def test_cli_refuses_bad_input_in_one_line_before_compiling(tmp_path):
          "--config=configs/ablation.py:arch=tiny", "--accelerator=v5p-6",
          f"--dump_hlo={tmp_path / 'hlo'}"],
         capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert result.returncode == 1
+    assert result.returncode == 2  # a user error (1 is "does not fit")
     assert result.stderr.strip().splitlines()[-1].startswith(
         "Pre-flight error: accelerator 'v5p-6' is not a Cloud TPU type")
     assert not (tmp_path / "hlo").exists()

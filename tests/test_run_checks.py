@@ -147,7 +147,8 @@ def test_data_problems_name_their_field(tmp_path):
 
 
 def test_main_refuses_a_tokenizer_it_cannot_build_before_touching_the_workdir(tmp_path,
-                                                                             monkeypatch):
+                                                                             monkeypatch,
+                                                                             capsys):
     import sys
 
     from absl import flags
@@ -165,7 +166,9 @@ def test_main_refuses_a_tokenizer_it_cannot_build_before_touching_the_workdir(tm
     flag_values = main.define_flags(flags.FlagValues())
     with pytest.raises(SystemExit) as stop:
         main.main(main.parse_flags(argv, flag_values), flag_values)
+    err = capsys.readouterr().err.rstrip("\n")
+    assert stop.value.code == 2
     assert re.fullmatch(r"Config error: model\.vocab_size=20000 is more pieces than a "
                         r"SentencePiece bpe tokenizer can learn from data\.source='files' "
-                        r"\(at most \d+\); .*", str(stop.value.code)), stop.value.code
+                        r"\(at most \d+\); .*", err), err
     assert not (tmp_path / "run").exists()

@@ -88,7 +88,7 @@ def test_model_telemetry_matches_the_xla_reference_maps_and_numpy(segmented):
     config, graphdef, params = _model()
     batch, seg = _batch(segmented)
     values = jax.jit(telemetry.make_telemetry_fn(graphdef, config))(params, batch)
-    record = telemetry.summarize(jax.device_get(values), "sigmoid")
+    record = telemetry.to_record(jax.device_get(values), "sigmoid")
     model = nnx.merge(graphdef, params)
     model(batch["inputs"], positions=batch["positions"], segment_ids=batch.get("segment_ids"),
           capture=("attention_probs", "gate_scores", "resid_after_ffn"))

@@ -49,8 +49,12 @@ if [[ -z "${JAX_VERSION:-}" ]]; then
 fi
 
 workdir="${BUCKET%/}/runs/$FLAG_name"
-main="python -m gated_attention.main --config=$config"
-main+=" --workdir=$(printf '%q' "$workdir") --progress=false$(quoted_passthrough)"
+# The training command, as gated_attention/train_command.py builds it for every launcher.
+main="$(cd "$REPO_ROOT" && PYTHONPATH="$REPO_ROOT" "$LOCAL_PYTHON" -c \
+  'import sys; from gated_attention.train_command import main; sys.exit(main(sys.argv[1:]))' \
+  --python=python --config="$config" --workdir="$workdir" --progress=false \
+  -- "${PASSTHROUGH[@]+"${PASSTHROUGH[@]}"}")" ||
+  die "cannot build the training command with $LOCAL_PYTHON"
 # GKE sets TPU_WORKER_ID and TPU_WORKER_HOSTNAMES in every pod (and, with several slices,
 # MEGASCALE_SLICE_ID): --multihost=auto joins the other pods from GKE's variables.
 # shellcheck disable=SC2016  # expanded by the container's shell, not here

@@ -32,8 +32,12 @@ else
 fi
 
 workdir="${BUCKET%/}/runs/$FLAG_name"
-main=".venv/bin/python -m gated_attention.main --config=$config"
-main+=" --workdir=$(printf '%q' "$workdir") --progress=false$(quoted_passthrough)"
+# The training command, as gated_attention/train_command.py builds it for every launcher.
+main="$(cd "$REPO_ROOT" && PYTHONPATH="$REPO_ROOT" "$LOCAL_PYTHON" -c \
+  'import sys; from gated_attention.train_command import main; sys.exit(main(sys.argv[1:]))' \
+  --python=.venv/bin/python --config="$config" --workdir="$workdir" --progress=false \
+  -- "${PASSTHROUGH[@]+"${PASSTHROUGH[@]}"}")" ||
+  die "cannot build the training command with $LOCAL_PYTHON"
 log="$REMOTE_LOGS/$FLAG_name.log"
 
 # Multislice: every worker of slice s gets the MEGASCALE variables libtpu and

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,27 +32,12 @@ def sink_overrides(steps: int, batch_size: int) -> dict[str, Any]:
             "train.log_every": every}
 
 
-def train_commands(workdir: pathlib.Path, overrides: Mapping[str, Any], *, progress: bool,
-                   overwrite: bool) -> list[list[str]]:
-    """One `gated_attention.main` command per variant."""
-    commands = []
-    for variant in SINK_VARIANTS:
-        cmd = [sys.executable, "-m", "gated_attention.main",
-               f"--config={CONFIG_FILE}:variant={variant}", f"--workdir={workdir / variant}",
-               f"--progress={progress}"]
-        cmd += [f"--config.{k}={v}" for k, v in overrides.items()]
-        if overwrite:
-            cmd.append("--overwrite")
-        commands.append(cmd)
-    return commands
-
-
 def _checkpoint_steps(run_dir: pathlib.Path) -> list[int]:
     folder = run_dir / "checkpoints"
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
 
 
-def analyse(workdir: pathlib.Path) -> dict[str, dict[str, Any]]:
+def analyze(workdir: pathlib.Path) -> dict[str, dict[str, Any]]:
     """Task metrics of every checkpoint of both runs, and attention maps of the last."""
     from gated_attention import train
     from gated_attention.analysis import backcopy, stats

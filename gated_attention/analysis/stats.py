@@ -97,8 +97,8 @@ def model_statistics(model: nnx.Module, batches: Iterable[Mapping[str, Any]], *,
         n_batches += 1
     if acc is None:
         raise ValueError("model_statistics got no batches")
-    out = summarize(acc, exclude_first_query=exclude_first_query, sink_threshold=sink_threshold,
-                    histogram_range=hist_range)
+    out = metrics_from_accumulators(acc, exclude_first_query=exclude_first_query,
+                                    sink_threshold=sink_threshold, histogram_range=hist_range)
     out["variant"] = variant.name
     out["batches"] = n_batches
     if loss_acc is not None and loss_acc["tokens"] > 0:
@@ -116,8 +116,9 @@ def _fraction_stats(s: Mapping[str, np.ndarray]) -> dict[str, float]:
     return out
 
 
-def summarize(acc: Sequence[Mapping[str, Any]], *, exclude_first_query: bool,
-              sink_threshold: float, histogram_range: tuple[float, float]) -> dict[str, Any]:
+def metrics_from_accumulators(acc: Sequence[Mapping[str, Any]], *, exclude_first_query: bool,
+                              sink_threshold: float, histogram_range: tuple[float, float]
+                              ) -> dict[str, Any]:
     """Pooled per-layer accumulators (from reductions.merge) -> the metrics dict."""
     out: dict[str, Any] = {"num_layers": len(acc), "exclude_first_query": exclude_first_query,
                            "sink_threshold": sink_threshold}

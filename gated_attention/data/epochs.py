@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from gated_attention.errors import UserError
 
-class EpochBudgetError(ValueError):
+
+class EpochBudgetError(UserError):
     """The run asks for more epochs of its training split than data.max_epochs (config_lib
     turns it into a ConfigError)."""
 

@@ -33,6 +33,7 @@ from ml_collections import config_flags
 from gated_attention import paths
 from gated_attention.data import array_record_source as shards
 from gated_attention.data.tfds_source import ENCODE_BLOCK
+from gated_attention.errors import UserError
 
 config_flags.DEFINE_config_file("config", None, "Run config whose data section to prepare, "
                                 "e.g. configs/ablation.py:arch=tiny,variant=baseline",
@@ -47,7 +48,7 @@ flags.mark_flags_as_required(["config", "out"])
 FLAGS = flags.FLAGS
 
 
-class PrepareError(ValueError):
+class PrepareError(UserError):
     """A flag or config field cannot be prepared as asked."""
 
 

@@ -2,9 +2,12 @@
 
 `auto` walks the platform's list and takes the first implementation whose capabilities cover
 the request (normaliser, segment ids, dtype, equal lengths); nothing is ever silently dropped,
-and XLA (every feature, any platform) ends every list. The order is a measured claim: change
-it when a benchmark on that platform says otherwise (benchmarks/attention.py prints the rows
-that decide it; docs/kernels_speed.md records which measurement each order rests on).
+and XLA (every feature, any platform) ends every list. The order is a prediction, not a
+measurement: no GPU or TPU has timed these implementations against each other yet. Its basis
+is given per platform in PREFERENCE's comment (cuDNN's expected throughput on an H200, the
+Triton and Mosaic kernels' predicted fraction of it, XLA's lack of fusion). Change it when a
+benchmark on that platform says otherwise (benchmarks/attention.py prints the rows that decide
+it; docs/kernels_speed.md records which measurement each order rests on).
 """
 
 from __future__ import annotations

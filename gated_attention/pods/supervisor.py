@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from gated_attention import paths
+from gated_attention import paths, train_command
 from gated_attention.pods import cloud
 from gated_attention.pods.events import EventLog
 
@@ -78,7 +78,7 @@ class Job:
     def process_pattern(self) -> str:
         """What `pgrep -f` finds on a worker while the job runs there."""
         if self.kind == "run":
-            return f"gated_attention.main .*--workdir={self.home}( |$)"
+            return f"{train_command.MODULE} .*--workdir={self.home}( |$)"
         return f"experiments.run_grid .*--root {self.home}( |$)"
 
     def finished(self) -> bool:

@@ -1,0 +1,81 @@
+"""A user error prints one line and exits 2; a code bug keeps its traceback (no entry point
+turns AttributeError / KeyError / TypeError into "Config error")."""
+
+import contextlib
+import io
+import sys
+
+import pytest
+from absl import flags
+
+from gated_attention import config_lib, errors, main
+
+ARGV = ["main", "--config=configs/ablation.py:arch=tiny,variant=baseline", "--workdir=unused",
+        "--multihost=no"]
+
+
+def run_main(monkeypatch, argv=ARGV):
+    monkeypatch.setattr(sys, "argv", argv)  # ml_collections reads overrides from sys.argv
+    flag_values = main.define_flags(flags.FlagValues())
+    main.main(main.parse_flags(argv, flag_values), flag_values)
+
+
+def test_a_user_error_is_one_line_on_stderr_and_exit_2(monkeypatch):
+    def refuse(config):
+        raise config_lib.ConfigError("train.steps=0 must be > 0")
+
+    monkeypatch.setattr(config_lib, "validate_run_config", refuse)
+    stderr = io.StringIO()
+    with pytest.raises(SystemExit) as stop, contextlib.redirect_stderr(stderr):
+        run_main(monkeypatch)
+    assert stop.value.code == 2
+    assert stderr.getvalue() == "Config error: train.steps=0 must be > 0\n"
+
+
+@pytest.mark.parametrize("bug", [AttributeError, KeyError, TypeError, ValueError])
+def test_a_code_bug_in_validation_keeps_its_traceback(monkeypatch, bug):
+    def broken(config):
+        raise bug("a bug in the code, not the user's input")
+
+    monkeypatch.setattr(config_lib, "validate_run_config", broken)
+    with pytest.raises(bug, match="a bug in the code"):
+        run_main(monkeypatch)
+
+
+def test_a_code_bug_in_the_config_file_keeps_its_traceback(monkeypatch):
+    def broken(*args, **kwargs):
+        raise AttributeError("'NoneType' object has no attribute 'seq_len'")
+
+    monkeypatch.setattr(config_lib, "base_config", broken)
+    with pytest.raises((AttributeError, flags.Error), match="has no attribute 'seq_len'"):
+        run_main(monkeypatch)
+
+
+def test_an_unknown_override_is_still_one_line(monkeypatch):
+    stderr = io.StringIO()
+    with pytest.raises(SystemExit) as stop, contextlib.redirect_stderr(stderr):
+        run_main(monkeypatch, [*ARGV, "--config.train.stepz=3"])
+    assert stop.value.code == 2
+    assert stderr.getvalue().startswith("Config error: 'stepz' Did you mean \"steps\"")
+    assert stderr.getvalue().count("\n") == 1
+
+
+def test_every_user_error_class_is_a_user_error():
+    from experiments.grid_lib import GridError
+    from gated_attention.data.array_record_source import ShardError
+    from gated_attention.data.epochs import EpochBudgetError
+    from gated_attention.data.hf_tokenizer import HFTokenizerError
+    from gated_attention.data.prepare import PrepareError
+    from gated_attention.data.seqio_source import SeqioTaskError
+    from gated_attention.data.tfds_source import TfdsSourceError
+    from gated_attention.gpu_targets import GpuAcceleratorError
+    from gated_attention.tpu_topologies import AcceleratorError
+    from gated_attention.variants import VariantError
+    from gated_attention.workdir import WorkdirError
+    from gated_attention.workdir_lock import WorkdirBusyError
+
+    for cls in (config_lib.ConfigError, GridError, ShardError, EpochBudgetError,
+                HFTokenizerError, PrepareError, SeqioTaskError, TfdsSourceError,
+                GpuAcceleratorError, AcceleratorError, VariantError, WorkdirError,
+                WorkdirBusyError):
+        assert issubclass(cls, errors.UserError), cls
