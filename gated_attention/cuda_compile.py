@@ -33,8 +33,15 @@ def enable() -> bool:
     if path.is_dir() and str(path) not in sys.path:
         sys.path.append(str(path))
         importlib.invalidate_caches()
-    return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None or \
-        importlib.util.find_spec("jax_plugins.xla_cuda13") is not None
+    return any(_has_module(f"jax_plugins.xla_cuda{major}") for major in (12, 13))
+
+
+def _has_module(name: str) -> bool:
+    """find_spec of a submodule raises when its namespace package is absent: that means no."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def wants_gpu_target(argv: Sequence[str]) -> bool:
