@@ -86,13 +86,3 @@ def single_segment_batch(rows: np.ndarray) -> Batch:
 
 def describe(batch: dict[str, Any]) -> str:
     return ", ".join(f"{k}{tuple(np.shape(v))}" for k, v in batch.items())
-
-
-def random_segment_ids(rng: np.random.Generator, batch: int, seq: int) -> np.ndarray:
-    """[batch, seq] sorted ids, 2-4 packed documents of random lengths per row: synthetic
-    packing for the kernel tests and benchmarks."""
-    rows = []
-    for _ in range(batch):
-        cuts = np.sort(rng.choice(np.arange(1, seq), size=rng.integers(1, 4), replace=False))
-        rows.append(np.searchsorted(cuts, np.arange(seq), side="right"))
-    return np.stack(rows).astype(np.int32)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -30,22 +29,26 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from gated_attention import paths
+from gated_attention import errors, paths
 from gated_attention.data import array_record_source as shards
 from gated_attention.data.tfds_source import ENCODE_BLOCK
 from gated_attention.errors import UserError
 
-config_flags.DEFINE_config_file("config", None, "Run config whose data section to prepare, "
-                                "e.g. configs/ablation.py:arch=tiny,variant=baseline",
-                                lock_config=True)
-flags.DEFINE_string("out", None, "New (or empty) folder for the shards and manifest.")
-flags.DEFINE_integer("num_shards", 8, "Shards of the training split (>= the hosts that read).")
-flags.DEFINE_integer("num_eval_shards", 1, "Shards of the held-out split.")
-flags.DEFINE_string("seqio_module", "", "Module(s) to import first (comma-separated), e.g. "
-                    "one that registers seqio tasks.")
-flags.DEFINE_integer("max_documents", 0, "Stop each split after this many documents (0: all).")
-flags.mark_flags_as_required(["config", "out"])
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """The command's flags, defined when it runs (importing the module defines none)."""
+    config_flags.DEFINE_config_file("config", None, "Run config whose data section to prepare, "
+                                    "e.g. configs/ablation.py:arch=tiny,variant=baseline",
+                                    lock_config=True)
+    flags.DEFINE_string("out", None, "New (or empty) folder for the shards and manifest.")
+    flags.DEFINE_integer("num_shards", 8, "Shards of the training split (>= the hosts that read).")
+    flags.DEFINE_integer("num_eval_shards", 1, "Shards of the held-out split.")
+    flags.DEFINE_string("seqio_module", "", "Module(s) to import first (comma-separated), e.g. "
+                        "one that registers seqio tasks.")
+    flags.DEFINE_integer("max_documents", 0, "Stop each split after this many documents (0: all).")
+    flags.mark_flags_as_required(["config", "out"])
 
 
 class PrepareError(UserError):
@@ -207,8 +210,8 @@ def main(argv: list[str]) -> None:
         manifest = prepare(FLAGS.config, FLAGS.out, num_shards=FLAGS.num_shards,
                            num_eval_shards=FLAGS.num_eval_shards,
                            max_documents=FLAGS.max_documents)
-    except (ValueError, FileNotFoundError, KeyError) as err:
-        sys.exit(f"Error: {str(err).strip().splitlines()[0]}")
+    except (UserError, FileNotFoundError) as err:
+        errors.fail(err)
     for split, info in manifest["splits"].items():
         print(f"{split}: {info['documents']:,} documents, {info['tokens']:,} tokens in "
               f"{len(info['shards'])} shard(s)")
@@ -225,9 +228,13 @@ def parse_flags(argv: list[str]) -> list[str]:
         import_modules(_early_flag(argv, "seqio_module"))
         return FLAGS(argv)
     except flags.Error as err:
-        sys.exit(f"Flag error: {err}")
-    except (AttributeError, KeyError, TypeError, ValueError, ImportError) as err:
-        sys.exit(f"Config error: {str(err).strip()}")
+        if (user := errors.user_error_in(err)) is not None:  # the config file refused
+            errors.fail(user, "Config error")
+        if "Traceback (most recent call last)" in str(err):  # the config file's code failed
+            raise
+        errors.exit_with(f"Flag error: {str(err).splitlines()[0]}")
+    except ImportError as err:  # --seqio_module names a module that is not there
+        errors.exit_with(f"--seqio_module: {err}")
 
 
 def _early_flag(argv: list[str], name: str) -> str:
@@ -240,4 +247,5 @@ def _early_flag(argv: list[str], name: str) -> str:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main, flags_parser=parse_flags)
