@@ -14,6 +14,7 @@ import pathlib
 
 import pytest
 
+pytestmark = pytest.mark.reference("independent")  # tensorflow's reader, a hand-computed level
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "sink_telemetry"
 RUNS = {"baseline": FIXTURES / "baseline", "g1": FIXTURES / "g1_sdpa_elementwise"}
 SEQ_LEN = 64  # sink_tiny's sequence length
