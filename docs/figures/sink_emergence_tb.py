@@ -66,8 +66,8 @@ def draw(root: pathlib.Path, prefixes: Sequence[str], seeds: Sequence[int],
     ax.axhline(SINK_FACTOR * uniform, color="grey", linestyle=":", linewidth=0.8,
                label=f"{SINK_FACTOR:g}x uniform")
     ax.set(xlabel="training step", ylabel="F-Attn (attention on the first token)",
-           title=f"Sink forming during training (TensorBoard telemetry, seeds "
-                 f"{', '.join(map(str, seeds))})")
+           title="Sink forming during training (TensorBoard telemetry, "
+                 + ("seeds " if len(seeds) > 1 else "seed ") + ", ".join(map(str, seeds)) + ")")
     ax.legend(fontsize=7)
     fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)
