@@ -41,7 +41,8 @@ def _fmt(value: Any, digits: int = 3) -> str:
 
 def table_block(name: str, result: Mapping[str, Any], command: str) -> str:
     """Markdown of one table: per row mean ± se over seeds and the paired difference to the
-    baseline with its 95% t interval and Holm mark, for each metric."""
+    baseline with its 95% t interval, t-test p-value and Holm mark, for each metric; then,
+    for each difference that is not significant, the seeds that would resolve it."""
     spec = TABLES[name]
     groups = [g for g in result["groups"] if g["seeds"]]
     done = [r for r in result["runs"] if r["state"] == "done"]
@@ -68,8 +69,12 @@ def table_block(name: str, result: Mapping[str, Any], command: str) -> str:
                 cells.append("-")
             else:
                 ci = "" if e["low"] is None else f" [{_fmt(e['low'])}, {_fmt(e['high'])}]"
-                cells.append(f"{e['diff']:+.3f}{ci}{comparisons.MARK if e['significant'] else ''}")
+                p = "" if e["p_t"] is None else f", p {_p(e['p_t'])}"
+                cells.append(f"{e['diff']:+.3f}{ci}{p}"
+                             f"{comparisons.MARK if e['significant'] else ''}")
         lines.append(f"| {g['label']} | {g['seeds']} | " + " | ".join(cells) + " |")
+    unresolved = [e for e in result["paired"] if e["metric"] in spec["metrics"]
+                  and not e["significant"] and e["p_t"] is not None]
     check = result.get("sink_check") or {}
     if check.get("checked"):
         lines += ["", f"Baseline sink check: the baseline formed a sink (F-Attn >= "
@@ -78,8 +83,24 @@ def table_block(name: str, result: Mapping[str, Any], command: str) -> str:
                   + (f"; not in {', '.join(check['no_sink'])}" if check["no_sink"] else "")
                   + "."]
     lines += ["", f"{comparisons.MARK.strip()}: significant at 5% after Holm's correction over "
-              "the rows of that column (paired t-test over seeds; 95% CI: Student t)."]
+              "the rows of that column (p: paired t-test over seeds, two-sided, before the "
+              "correction; 95% CI: Student t with n - 1 degrees of freedom)."]
+    if unresolved:
+        titles_short = {m: titles[m] for m in spec["metrics"]}
+        lines += ["", "Not significant after Holm, and the seeds a paired t-test at 5% would "
+                  "need for 80% power if the mean difference and its spread stayed as observed: "
+                  + "; ".join(f"{e['label']} {titles_short[e['metric']]} "
+                              f"({e['diff']:+.3f}): {_seeds(e['seeds_needed'])}"
+                              for e in unresolved) + "."]
     return "\n".join(lines)
+
+
+def _p(value: float) -> str:
+    return f"{value:.2g}" if value < 0.01 else f"{value:.2f}"
+
+
+def _seeds(needed: int | None) -> str:
+    return "no spread to go on, or over 1000" if needed is None else str(needed)
 
 
 def replace_block(text: str, name: str, block: str) -> str:

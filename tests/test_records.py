@@ -5,6 +5,7 @@ import pathlib
 import subprocess
 
 import pytest
+from scipy import stats as scipy_stats
 
 from experiments import make_tables, summarize
 from gated_attention import run_record
@@ -38,6 +39,11 @@ def test_tables_are_rebuilt_from_records_with_command_commit_and_seeds(tmp_path)
     row = next(line for line in block.splitlines() if line.startswith("| g1_sdpa_elementwise"))
     assert "3.000 ± 0.029" in row  # mean (3.00, 2.95, 3.05) and its standard error
     assert "-0.100 [" in row  # paired difference to the baseline
+    # diffs (-0.10, -0.05, -0.15): t = -0.1 / (0.05 / sqrt 3) = -3.464, 2 df -> p 0.074
+    assert scipy_stats.ttest_rel(gated, base).pvalue == pytest.approx(0.0742, abs=1e-4)
+    assert ", p 0.07" in row and "**\\***" not in row
+    # effect 0.1 / 0.05 = 2: a paired t-test at 5% reaches 80% power at 5 pairs (noncentral t)
+    assert "g1_sdpa_elementwise held-out loss (-0.100): 5" in block
     page = "intro\n<!-- table:sinks_cpu begin -->\nold\n<!-- table:sinks_cpu end -->\nrest\n"
     new = make_tables.replace_block(page, "sinks_cpu", block)
     assert new.startswith("intro\n<!-- table:sinks_cpu begin -->\nProduced by")
