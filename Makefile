@@ -50,9 +50,8 @@ demo: $(CORE_STAMP)
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 
-# Two workers; a test goes to whichever is free, except that tests sharing a fixture of their
-# file (a trained model, a grid) stay together, and the slow ones start first (conftest.py).
-PYTEST := $(PY) -m pytest -q -rs -n 2 --dist=loadgroup --no-loadscope-reorder --durations=15
+# Two workers, a whole file each at a time, the files with slow tests first (conftest.py).
+PYTEST := $(PY) -m pytest -q -rs -n 2 --dist=loadfile --no-loadscope-reorder --durations=15
 
 test: $(TEST_STAMP) lint
 	$(PYTEST) tests

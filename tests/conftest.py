@@ -51,43 +51,26 @@ def pytest_runtest_setup(item):
 
 
 # ----------------------------------------------------------------------------- scheduling
-# `make test` runs the suite on 2 workers with `--dist loadgroup`: tests go one at a time to
-# whichever worker is free, except that the tests of a file sharing one of that file's own
-# module- or session-scoped fixtures (a trained model, a grid) form one group that a single
-# worker runs, so that fixture is built once. The groups and tests with slow ones start
-# first (a slow test last would leave the other worker idle for its length).
+# `make test` runs the suite on 2 workers with `--dist loadfile --no-loadscope-reorder`: each
+# file goes whole to one worker (its module fixtures, a trained model or a grid, are built
+# once), in the order below: the files with the most slow tests first, since a slow file
+# started last leaves the other worker idle for its length. (`--dist loadgroup`, which would
+# let a file's independent tests spread, groups nothing with this pytest and xdist.)
 SLOW_WEIGHT = 20  # a slow test is over ~20 s; most others take about 1 s
-
-
-def _shares_a_file_fixture(item) -> bool:
-    """Whether the test uses a fixture written in its own file with a wider scope than the
-    test (built once per worker that runs any of those tests). Shared services imported from
-    helper modules (the GCS server) are not counted: each worker may start its own."""
-    info, module = getattr(item, "_fixtureinfo", None), getattr(item, "module", None)
-    if info is None or module is None:
-        return False
-    return any(defs and defs[-1].scope != "function"
-               and getattr(defs[-1].func, "__module__", None) == module.__name__
-               for defs in info.name2fixturedefs.values())
-
-
-def pytest_itemcollected(item):
-    if _shares_a_file_fixture(item):  # read by xdist's --dist loadgroup
-        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 @pytest.hookimpl(trylast=True)  # after deselection and pytest's fixture-driven reordering
 def pytest_collection_modifyitems(items):
-    """Heaviest scheduling units first (a group or a lone test; a slow test weighs
-    SLOW_WEIGHT, another 1), each group's tests kept together and in their order."""
-    unit_of, weight, first = {}, {}, {}
+    """Heaviest files first (a slow test weighs SLOW_WEIGHT, another 1); within a file,
+    the tests keep their order."""
+    weight, first = {}, {}
     for i, item in enumerate(items):
-        groups = [m.args[0] for m in item.iter_markers("xdist_group")]
-        unit = unit_of[id(item)] = groups[0] if groups else item.nodeid
-        weight[unit] = weight.get(unit, 0) + (SLOW_WEIGHT if item.get_closest_marker("slow")
+        path = item.nodeid.split("::")[0]
+        weight[path] = weight.get(path, 0) + (SLOW_WEIGHT if item.get_closest_marker("slow")
                                               else 1)
-        first.setdefault(unit, i)
-    items.sort(key=lambda item: (-weight[unit_of[id(item)]], first[unit_of[id(item)]]))
+        first.setdefault(path, i)
+    items.sort(key=lambda item: (-weight[item.nodeid.split("::")[0]],
+                                 first[item.nodeid.split("::")[0]]))
 
 
 CACHE_OPTIONS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
