@@ -50,12 +50,15 @@ demo: $(CORE_STAMP)
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 
+# Two workers, a whole file each at a time, the files with slow tests first (conftest.py).
+PYTEST := $(PY) -m pytest -q -rs -n 2 --dist=loadfile --no-loadscope-reorder --durations=15
+
 test: $(TEST_STAMP) lint
-	$(PY) -m pytest -q -rs -n 2 --dist=loadfile tests
+	$(PYTEST) tests
 
 # The development loop: the suite without the tests marked slow (the longer trainings).
 test-fast: $(TEST_STAMP)
-	$(PY) -m pytest -q -rs -n 2 --dist=loadfile -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 bench: $(CORE_STAMP)
 	$(PY) benchmarks/train_step.py

@@ -50,6 +50,49 @@ def pytest_runtest_setup(item):
             pytest.skip(f"needs the optional package {name}: {OPTIONAL[name]}")
 
 
+# ----------------------------------------------------------------------------- scheduling
+# `make test` runs the suite on 2 workers with `--dist loadfile --no-loadscope-reorder`: each
+# file goes whole to one worker (its module fixtures, a trained model or a grid, are built
+# once), in the order below: the files with the most slow tests first, since a slow file
+# started last leaves the other worker idle for its length. (`--dist loadgroup`, which would
+# let a file's independent tests spread, groups nothing with this pytest and xdist.)
+SLOW_WEIGHT = 20  # a slow test is over ~20 s; most others take about 1 s
+
+
+@pytest.hookimpl(trylast=True)  # after deselection and pytest's fixture-driven reordering
+def pytest_collection_modifyitems(items):
+    """Heaviest files first (a slow test weighs SLOW_WEIGHT, another 1); within a file,
+    the tests keep their order."""
+    weight, first = {}, {}
+    for i, item in enumerate(items):
+        path = item.nodeid.split("::")[0]
+        weight[path] = weight.get(path, 0) + (SLOW_WEIGHT if item.get_closest_marker("slow")
+                                              else 1)
+        first.setdefault(path, i)
+    items.sort(key=lambda item: (-weight[item.nodeid.split("::")[0]],
+                                 first[item.nodeid.split("::")[0]]))
+
+
+CACHE_OPTIONS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def compilation_cache_stays_in_its_module():
+    """A module that turns jax's persistent compilation cache on (to share its runs' compiled
+    steps with its worker processes) turns it off again for the modules after it: left on,
+    every later compile of that worker is serialized to disk, and a TPU-target compile
+    (deviceless, no client) fails to read its entry back ("PjRtCompiler must be constructed
+    with a Client") and compiles again."""
+    before = {name: getattr(jax.config, name) for name in CACHE_OPTIONS}
+    yield
+    if any(getattr(jax.config, name) != value for name, value in before.items()):
+        from jax.experimental.compilation_cache import compilation_cache
+
+        for name, value in before.items():
+            jax.config.update(name, value)
+        compilation_cache.reset_cache()
+
+
 @pytest.fixture
 def x64():
     """jax_enable_x64 on for this one test (float64 references), off again after it."""

@@ -27,7 +27,10 @@ if __name__ == "__main__":  # devices and platform must be fixed before jax is i
     _pre = argparse.ArgumentParser(add_help=False)
     _pre.add_argument("--local_devices", type=int, default=4)
     _known, _ = _pre.parse_known_args()
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={_known.local_devices}"
+    # cheap compiles, as the test process has them (tests/conftest.py)
+    os.environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={_known.local_devices} "
+                               "--xla_backend_optimization_level=0 "
+                               "--xla_llvm_disable_expensive_passes=true")
     os.environ["JAX_PLATFORMS"] = "cpu"
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

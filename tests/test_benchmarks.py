@@ -46,6 +46,7 @@ def runs(tmp_path_factory):
                 check=(check.returncode, check_out))
 
 
+@pytest.mark.slow  # the module's sweep and check: about a minute of two processes
 def test_sweep_json_has_every_candidate_a_winner_and_small_errors(runs):
     rc, text = runs["script"]
     assert rc == 0, text
@@ -81,6 +82,7 @@ def test_sweep_json_has_every_candidate_a_winner_and_small_errors(runs):
     assert attention.load_block_sizes('{"block_q": 64}', 128) == {"block_q": 64}
 
 
+@pytest.mark.slow
 def test_check_small_values_and_gradients_match_reference(runs):
     rc, text = runs["check"]
     assert rc == 0, text
@@ -135,6 +137,7 @@ def test_check_retries_a_case_that_fails_with_small_tiles(monkeypatch, capsys):
     assert "(retry with SAFE_BLOCKS)" in rows[1] and rows[1].endswith("| ok |")
 
 
+@pytest.mark.slow
 def test_table_small_has_every_row_baselines_first(runs):
     rc, _ = runs["script"]
     text = (runs["out"] / "table.txt").read_text()

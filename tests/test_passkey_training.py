@@ -1,4 +1,4 @@
-"""A tiny model trained on pass keys at 256 tokens retrieves whole keys at 256 tokens, far
+"""A tiny model trained on pass keys at 128 tokens retrieves whole keys at 128 tokens, far
 above chance: trained with the project's model and train step, scored on held-out keys through
 evaluate_length's forward pass and retrieval_tasks' exact scorer."""
 
@@ -15,9 +15,15 @@ from gated_attention.data import passkey
 from gated_attention.data.tokenizer import ByteTokenizer
 from gated_attention.model import abstract_model
 
-# 600 steps of 16 rows: whole 4-digit keys at 256 tokens go from 1 of 64 (400 steps) to 8
-# (500) and 26 (600): the copy reaches the full row late, so fewer steps leave no margin.
-LENGTH, STEPS, BATCH, DIGITS, EXAMPLES = 256, 600, 16, 4, 64
+# 300 steps of 16 rows at 128 tokens, Adam at a constant 3e-2 (measured 2026-12-01, this
+# training compiled as below): 0.62 of the answer digits and 13 of 64 whole keys right at 128
+# tokens. The copy forms late (compiled unoptimised, one run was at 0.19 of the digits at
+# step 60, 0.47 at 200 and 0.50 at 300), so fewer steps leave no margin. (At 256 tokens and
+# 1e-2 the copy took 600 steps, about 4x this training's cost.)
+LENGTH, STEPS, BATCH, DIGITS, EXAMPLES, PEAK_LR = 128, 300, 16, 4, 64, 3e-2
+# The training's one program is compiled with XLA's default CPU optimisations: the suite's
+# cheap-compile flags (tests/conftest.py) make each of its 300 steps about twice as slow.
+OPTIMIZED = {"xla_backend_optimization_level": 2, "xla_llvm_disable_expensive_passes": False}
 TOKENIZER = ByteTokenizer(260)
 COUNT = rt.token_counter(TOKENIZER, add_bos=False)
 # Keys are uniform over [1000, 10000) and independent of everything but the needle, so without
@@ -27,14 +33,14 @@ CHANCE_EXACT, CHANCE_DIGIT = 1 / (9 * 10 ** (DIGITS - 1)), 1 / 9
 
 
 def tiny_config():
-    """arch=passkey_tiny: 2 layers of width 64, 4 heads of 16, bytes; Adam at a constant 1e-2
-    after warm-up."""
+    """arch=passkey_tiny: 2 layers of width 64, 4 heads of 16, bytes; Adam at a constant
+    PEAK_LR after warm-up."""
     config = config_lib.base_config("passkey_tiny", "baseline")
     assert (config.data.source, config.data.tokenizer, config.model.vocab_size) == (
         "passkey", "byte", 260)
     config.data.update(dict(seq_len=LENGTH))
     config.train.update(dict(steps=STEPS, batch_size=BATCH))
-    config.optimizer.update(dict(warmup_steps=15, peak_lr=1e-2, final_lr=1e-2))
+    config.optimizer.update(dict(warmup_steps=15, peak_lr=PEAK_LR, final_lr=PEAK_LR))
     return config
 
 
@@ -58,6 +64,8 @@ def trained():
     mesh = sharding.create_mesh(config.mesh, jax.devices()[:1])
     graphdef, state, shardings = train.create_train_state(config, mesh)
     step = train.jit_train_step(train.make_train_step(graphdef, config), mesh, shardings)
+    first = passkey.packed_batch(TOKENIZER, LENGTH, BATCH, 0, digits=DIGITS)
+    step = step.lower(state, first).compile(OPTIMIZED)  # the same program, optimised
     cfg = evaluate_length.scaled_config(config_lib.model_config(config), "none", LENGTH, 1.0,
                                         LENGTH)
     forward = evaluate_length.make_forward(nnx.split(abstract_model(cfg), nnx.Param, ...)[0])
@@ -78,8 +86,8 @@ def test_passkeys_are_retrieved_at_the_training_length_far_above_chance(trained)
     print(f"at {LENGTH}: exact {exact:.3f} (chance {CHANCE_EXACT:.1e}), per digit {digit:.3f} "
           f"(chance <= {CHANCE_DIGIT:.3f}); untrained: {before}")
     assert before[0] == 0.0 and before[1] < 2 * CHANCE_DIGIT  # untrained: chance level
-    # 256 digits: at chance at most 28 +- 5 right; 0.4 is 102 (measured: 0.79). Whole keys:
-    # at chance 64 / 9000 = 0.007 expected, 6 or more with probability < 1e-12 (measured: 26).
+    # 256 digits: at chance at most 28 +- 5 right; 0.4 is 102 (measured: 0.62). Whole keys:
+    # at chance 64 / 9000 = 0.007 expected, 6 or more with probability < 1e-12 (measured: 13).
     assert digit >= 0.4
     assert exact >= 6 / EXAMPLES
 
@@ -89,7 +97,7 @@ def test_whole_keys_are_copied_when_the_needle_is_near(trained):
     forward, params, _ = trained
     exact, digit = scores(forward, params, held_out(64), 64)
     print(f"at 64: exact {exact:.3f}, per digit {digit:.3f}")
-    # Measured: 0.96 of the digits and 53 of 64 whole keys (chance 1 / 9000 each).
+    # Measured: 0.86 of the digits and 34 of 64 whole keys (chance 1 / 9000 each).
     assert digit >= 0.6 and exact >= 0.4
 
 
