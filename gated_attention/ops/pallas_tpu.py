@@ -1,14 +1,16 @@
 """Flash attention for TPUs in Pallas (Mosaic), with the G1 gate fused in.
 
-Head-major layout [batch, heads, seq, head_dim] so every tile's last two dims are
-(rows, head_dim), as the MXU wants. The kv axis is the innermost "arbitrary" grid axis with
-running max/denominator/accumulator in VMEM scratch; `pl.when` skips tiles outside the
-[lo, hi) range of kv blocks that hold a visible key (causal diagonal, segment ranges), and the
-k/v index maps clamp to that range so skipped tiles are not even copied in. Backward: a dq
-kernel over (q block, kv block) and a dk/dv kernel whose innermost axis walks every query
-head of the kv head's GQA group and every q block, so k/v are never repeated. The dk/dv
-kernel works on transposed tiles (keys on rows, queries on lanes), so per-query statistics
-broadcast as rows and every matmul is a plain or right-transposed product.
+Head-major layout [batch, heads, seq, head_dim] so every tile's last two dims are (rows,
+head_dim), as the MXU wants. The kv axis is the innermost "arbitrary" grid axis with running
+max/denominator/accumulator in VMEM scratch; `pl.when` skips tiles outside the [lo, hi)
+range of kv blocks that hold a visible key (causal diagonal, sliding window, segment
+ranges), and the k/v index maps clamp to that range so skipped tiles are not even copied in
+(a window of W keys leaves about (W + block_q) / block_kv + 1 kv blocks per q block to
+compute; the grid keeps its length, each skipped step costs only its loop overhead).
+Backward: a dq kernel over (q block, kv block) and a dk/dv kernel whose innermost axis walks
+every query head of the kv head's GQA group and every q block, so k/v are never repeated.
+The dk/dv kernel works on transposed tiles (keys on rows, queries on lanes), so per-query
+statistics broadcast as rows and every matmul is a plain or right-transposed product.
 
 Per-row vectors (lse, delta, segment ids, headwise gate) live in HBM lane-dense, one row per
 tile ([..., S // block, 1, block], see `_rows`): a [..., S, 1] column would be padded to 128
@@ -46,6 +48,8 @@ def _mask(p: fc.Problem, i, j, bq: int, bkv: int, q_seg, k_seg, transposed: bool
     mask = k_pos < p.seq
     if p.causal:
         mask = mask & (q_pos >= k_pos)
+    if p.window:
+        mask = mask & (q_pos - k_pos < p.window)
     if q_seg is not None:
         mask = mask & (q_seg == k_seg)
     return mask
@@ -103,9 +107,11 @@ def _when_kv_visible(p: fc.Problem, step, i, j, lo, hi, bq: int, bkv: int) -> No
     if p.has_segments:
         pl.when(visible)(functools.partial(step, True))
         return
+    start = fc.unmasked_kv_start(p, i, bq, bkv, lo)
     end = fc.unmasked_kv_end(p, i, bq, bkv, hi)
-    pl.when(visible & (j < end))(functools.partial(step, False))
-    pl.when(visible & (j >= end))(functools.partial(step, True))
+    free = (j >= start) & (j < end)
+    pl.when(visible & free)(functools.partial(step, False))
+    pl.when(visible & jnp.logical_not(free))(functools.partial(step, True))
 
 
 def _fwd_kernel(lo_ref, hi_ref, *refs, p: fc.Problem, bq: int, bkv: int, nq: int, nkv: int,
@@ -230,8 +236,10 @@ def _dkv_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
         pl.when(visible)(functools.partial(step, True))
     else:  # q blocks from `start` on see every key of this kv block
         start = fc.unmasked_q_start(p, j, bq, bkv, lo)
-        pl.when(visible & (i < start))(functools.partial(step, True))
-        pl.when(visible & (i >= start))(functools.partial(step, False))
+        end = fc.unmasked_q_end(p, j, bq, bkv, hi)
+        free = (i >= start) & (i < end)
+        pl.when(visible & jnp.logical_not(free))(functools.partial(step, True))
+        pl.when(visible & free)(functools.partial(step, False))
 
     @pl.when(r == p.group * nq - 1)
     def _write():
@@ -320,7 +328,7 @@ def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
     b, h, S, D = p.batch, p.heads, p.padded, p.padded_dim
     nq, nkv = S // bq, S // bkv
     segp, qseg, kseg = _segments(p, seg, bq, bkv)
-    lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
+    lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal, p.window)
     row, stat, kv, seg_specs = _q_major_specs(p, bq, bkv, nq)
     in_specs = [row, kv, kv, *seg_specs]
     args = [_head_major(p, q), _head_major(p, k), _head_major(p, v)]
@@ -370,7 +378,7 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
     bq, bkv = static.size("block_q_dq"), static.size("block_kv_dq")
     nq, nkv = S // bq, S // bkv
     segp, qseg, kseg = _segments(p, seg, bq, bkv)
-    lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
+    lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal, p.window)
     row, stat, kv, seg_specs = _q_major_specs(p, bq, bkv, nq)
     seg_args = [] if segp is None else [qseg, kseg]
     scratch = [pltpu.VMEM((bq, D), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
@@ -388,7 +396,7 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
     nq, nkv = S // bq, S // bkv
     segp, qseg, kseg = _segments(p, seg, bq, bkv)
     seg_args = [] if segp is None else [qseg, kseg]
-    _, _, qlo, qhi = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
+    _, _, qlo, qhi = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal, p.window)
 
     def q_block(b_, n_, j, r, lo_, hi_):
         i = _clamp(_rem(r, nq), lo_[b_ * nkv + j], hi_[b_ * nkv + j])
