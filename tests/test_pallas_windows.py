@@ -199,6 +199,24 @@ def test_block_ranges_are_the_tiles_the_hand_built_window_mask_touches(causal):
     assert visited == (26 if causal else 56)
 
 
+@pytest.mark.parametrize("s, bq, bkv, window", [(96, 8, 16, 20), (128, 16, 8, 9),
+                                                 (64, 16, 16, 1), (192, 32, 32, 40)])
+def test_the_tpu_grid_is_shortened_to_the_blocks_a_window_can_touch(s, bq, bkv, window):
+    """The Mosaic kernels' inner grid axis has window_steps steps, not every block: the bound
+    holds for every q block (kv block) the hand-built mask touches, and is reached."""
+    p = fc.Problem(batch=1, seq=s, padded=s, heads=1, kv_heads=1, head_dim=8, padded_dim=8,
+                   causal=True, normalizer="softmax", gate_kind=None,
+                   gate_activation="sigmoid", has_segments=False, window=window)
+    tiles = visible_tiles(nref.window_mask(s, s, window), bq, bkv)
+    kv_steps, q_steps = fc.window_steps(p, bq, bkv, s // bkv), fc.window_steps(p, bkv, bq,
+                                                                               s // bq)
+    assert tiles.sum(axis=1).max() <= kv_steps < s // bkv
+    assert tiles.sum(axis=0).max() <= q_steps < s // bq
+    assert tiles.sum(axis=1).max() >= kv_steps - 1  # tight to within one block
+    assert fc.window_steps(dataclasses.replace(p, window=0), bq, bkv, 7) == 7
+    assert fc.window_steps(dataclasses.replace(p, causal=False), bq, bkv, 7) == 7
+
+
 def test_unmasked_tiles_lie_wholly_inside_the_window():
     """The tiles the kernels run without a mask hold only visible pairs (hand-built mask)."""
     s, bq, bkv, window = 64, 8, 16, 21

@@ -239,6 +239,15 @@ def block_ranges(q_seg: jax.Array | None, batch: int, padded: int, seq: int, blo
     return kv_lo, kv_hi, q_lo, q_hi
 
 
+def window_steps(p: Problem, block: int, other_block: int, n_other: int) -> int:
+    """Most blocks of the other axis one block of `block` rows can touch: under a causal
+    window of W a q block's keys span block + W - 1 positions (and a kv block's queries
+    likewise), so at most ceil((block + W - 1) / other_block) + 1 blocks; otherwise all."""
+    if not (p.window and p.causal):
+        return n_other
+    return min(n_other, -(-(block + p.window - 1) // other_block) + 1)
+
+
 def index_div(a: jax.Array, n: int) -> jax.Array:
     """a // n for a non-negative traced index: lax.div lowers in Triton and Mosaic alike."""
     return jax.lax.div(a, jnp.asarray(n, a.dtype))
