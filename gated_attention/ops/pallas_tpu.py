@@ -4,9 +4,10 @@ Head-major layout [batch, heads, seq, head_dim] so every tile's last two dims ar
 head_dim), as the MXU wants. The kv axis is the innermost "arbitrary" grid axis with running
 max/denominator/accumulator in VMEM scratch; `pl.when` skips tiles outside the [lo, hi)
 range of kv blocks that hold a visible key (causal diagonal, sliding window, segment
-ranges), and the k/v index maps clamp to that range so skipped tiles are not even copied in
-(a window of W keys leaves about (W + block_q) / block_kv + 1 kv blocks per q block to
-compute; the grid keeps its length, each skipped step costs only its loop overhead).
+ranges), and the k/v index maps clamp to that range so skipped tiles are not even copied in.
+Under a causal sliding window of W keys the inner grid axis is shortened to the ceil((block
++ W - 1) / other block) + 1 blocks a window can touch, walked from each block's lo
+(_flash_common.window_steps), so the grid's length no longer grows with the sequence.
 Backward: a dq kernel over (q block, kv block) and a dk/dv kernel whose innermost axis walks
 every query head of the kv head's GQA group and every q block, so k/v are never repeated.
 The dk/dv kernel works on transposed tiles (keys on rows, queries on lanes), so per-query
