@@ -280,7 +280,8 @@ def test_kv_blocks_outside_the_window_are_never_visited(impl):
     assert np.isnan(np.asarray(masked_dq[:, clear:])).any()
 
 
-@pytest.mark.parametrize("impl", ["pallas_tpu", "pallas_gpu"])
+@pytest.mark.parametrize("impl", [pytest.param("pallas_tpu", marks=pytest.mark.slow),
+                                  "pallas_gpu"])
 def test_q_blocks_outside_the_window_are_never_visited_by_the_dkv_pass(impl):
     """NaN queries in the last q block, the loss over the other rows: dk/dv of the kv blocks
     that block cannot see stay finite (the dk/dv pass skips it; the reference does not)."""
