@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 import jax
@@ -315,6 +316,15 @@ def test_window_is_refused_with_the_implementations_that_serve_it():
         ops.attention(q, q, q, impl="cudnn_packed", window=4)
     with pytest.raises(ValueError, match=r"window=-2 must be >= 0"):
         pallas_gpu.attention(q, q, q, window=-2, interpret=True)
+
+
+def test_auto_takes_a_pallas_kernel_for_a_window_where_it_is_the_first_that_serves_it():
+    auto = functools.partial(ops.dispatch.resolve_impl, "auto", segment_ids=None, window=8)
+    assert auto(normalizer="softmax", platform="gpu", dtype=jnp.bfloat16) == "pallas_gpu"
+    assert auto(normalizer="softmax", platform="gpu", dtype=jnp.float32) == "pallas_gpu"
+    # splash (first on TPU) has no softpick: the project's Mosaic kernel serves it
+    assert auto(normalizer="softpick", platform="tpu", dtype=jnp.bfloat16) == "pallas_tpu"
+    assert auto(normalizer="softmax", platform="cpu", dtype=jnp.float32) == "xla"
 
 
 def test_cost_estimate_counts_only_the_pairs_inside_the_window():
