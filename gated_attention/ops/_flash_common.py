@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
+from gated_attention.errors import UserError
 from gated_attention.ops.gating import GATE_ACTIVATIONS, apply_output_gate
 from gated_attention.ops.reference import NORMALIZERS, SOFTPICK_EPS
 
@@ -173,7 +174,7 @@ def check_kernel_args(name: str, q: jax.Array, k: jax.Array, normalizer: str,
                       gate_activation: str, window: int = 0) -> None:
     """Errors that only the kernels (not the XLA reference) raise, named for the user."""
     if window < 0:
-        raise ValueError(f"window={window} must be >= 0 (0 = no window)")
+        raise UserError(f"window={window} must be >= 0 (0 = no window)")
     if k.shape[1] != q.shape[1]:
         raise ValueError(f"impl={name!r} needs equal query and key lengths (self-attention); got "
                          f"{q.shape[1]} and {k.shape[1]}. Use impl='xla' for cross lengths")
