@@ -275,11 +275,15 @@ def test_windowed_chunked_gradients_match_reference():
 
 def test_an_implementation_without_windows_names_those_with_them():
     q = jnp.zeros((1, 8, 2, 8))
-    with pytest.raises(ValueError, match=r"impl='pallas_tpu' has no sliding window \(window=4\); "
-                                         r"choose one of xla, chunked, splash or auto"):
-        ops.attention(q, q, q, impl="pallas_tpu", window=4)
+    with pytest.raises(ValueError, match=r"impl='cudnn' has no sliding window \(window=4\); "
+                                         r"choose one of xla, chunked, pallas_gpu, pallas_tpu, "
+                                         r"splash or auto"):
+        ops.attention(q, q, q, impl="cudnn", window=4)
+    # cuDNN (first on GPUs) has no window: the Triton kernel serves it.
     assert ops.dispatch.resolve_impl("auto", segment_ids=None, normalizer="softmax",
-                                     platform="gpu", dtype=jnp.bfloat16, window=4) == "xla"
+                                     platform="gpu", dtype=jnp.bfloat16, window=4) == "pallas_gpu"
+    assert ops.dispatch.resolve_impl("auto", segment_ids=None, normalizer="softmax",
+                                     platform="cpu", dtype=jnp.float32, window=4) == "xla"
     with jax.enable_x64(False):  # jax's splash kernel does not trace with x64 on
         assert ops.dispatch.resolve_impl("auto", segment_ids=None, normalizer="softmax",
                                          platform="tpu", dtype=jnp.bfloat16,

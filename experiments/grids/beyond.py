@@ -9,8 +9,13 @@ Seeds vary slowest, so a stopped grid still has every variant at the first seed:
     python -m experiments.run_grid experiments/grids/beyond.py --root runs/beyond --seeds 0,1
     python -m experiments.summarize runs/beyond
 
-`text_runs` is the same comparison on text (arch tiny, 300 steps), for `--set`-free use from
-Python; the recipe's overrides cover every setting a `--scale` would change.
+The grid also holds the comparison on text (`text_runs`: arch tiny, 300 steps, the tiny
+arch's default text corpus), after the sink runs; take either part by name with `--only`:
+
+    python -m experiments.run_grid experiments/grids/beyond.py --root runs/beyond --seeds 0,1 \
+        --only tiny-baseline-steps300-eval_every300-checkpoint_every300-s0,...
+
+The recipes' overrides cover every setting a `--scale` would change, so the scale is ignored.
 """
 
 from experiments.grid_lib import Run
@@ -23,11 +28,15 @@ TEXT = (("train.steps", 300), ("train.eval_every", 300), ("train.checkpoint_ever
 
 
 def runs(scale="tiny", seeds=(0,)):
-    del scale  # the recipe fixes the run length and batch
-    return [SinkRun(arch="sink_tiny", variant=v, seed=s, overrides=RECIPE)
+    del scale  # the recipes fix the run length and batch
+    sink = [SinkRun(arch="sink_tiny", variant=v, seed=s, overrides=RECIPE)
             for s in seeds for v in VARIANTS]
+    return sink + text_runs(seeds)
+
+
+TEXT_VARIANTS = ("baseline", "g1_sdpa_elementwise", "xsa", "xsa_g1", "swa_32", "swa_32_g1")
 
 
 def text_runs(seeds=(0,)):
     return [Run(arch="tiny", variant=v, seed=s, overrides=TEXT)
-            for s in seeds for v in ("baseline", "g1_sdpa_elementwise", "xsa", "xsa_g1")]
+            for s in seeds for v in TEXT_VARIANTS]

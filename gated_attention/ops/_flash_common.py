@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
+from gated_attention.errors import UserError
 from gated_attention.ops.gating import GATE_ACTIVATIONS, apply_output_gate
 from gated_attention.ops.reference import NORMALIZERS, SOFTPICK_EPS
 
@@ -153,6 +154,7 @@ class Problem:
     gate_kind: str | None  # None, "elementwise" or "headwise"
     gate_activation: str
     has_segments: bool
+    window: int = 0  # > 0: query i sees key j only when i - j < window (sliding window)
 
     @property
     def group(self) -> int:
@@ -169,8 +171,10 @@ class Problem:
 
 
 def check_kernel_args(name: str, q: jax.Array, k: jax.Array, normalizer: str,
-                      gate_activation: str) -> None:
+                      gate_activation: str, window: int = 0) -> None:
     """Errors that only the kernels (not the XLA reference) raise, named for the user."""
+    if window < 0:
+        raise UserError(f"window={window} must be >= 0 (0 = no window)")
     if k.shape[1] != q.shape[1]:
         raise ValueError(f"impl={name!r} needs equal query and key lengths (self-attention); got "
                          f"{q.shape[1]} and {k.shape[1]}. Use impl='xla' for cross lengths")
@@ -199,12 +203,14 @@ def pad_axis(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
 
 
 def block_ranges(q_seg: jax.Array | None, batch: int, padded: int, seq: int, block_q: int,
-                 block_kv: int, causal: bool):
+                 block_kv: int, causal: bool, window: int = 0):
     """Per (batch, q block): the [lo, hi) kv blocks that hold any visible key, and per
     (batch, kv block): the [lo, hi) q blocks that see any of its keys.
 
-    Built from each block's min/max segment id and the causal diagonal; blocks outside a range
-    are skipped by the kernels' loops, blocks inside are masked element by element.
+    Built from each block's min/max segment id, the causal diagonal and the sliding window's
+    left edge (a kv block whose last key is `window` or more before the q block's first query
+    is seen by none of it); blocks outside a range are skipped by the kernels' loops and
+    index maps, blocks inside are masked element by element where needed.
     """
     nq, nkv = padded // block_q, padded // block_kv
     q_idx = jnp.arange(nq)[:, None]
@@ -212,6 +218,8 @@ def block_ranges(q_seg: jax.Array | None, batch: int, padded: int, seq: int, blo
     ok = jnp.broadcast_to(kv_idx * block_kv < seq, (nq, nkv))[None]
     if causal:
         ok = ok & ((kv_idx * block_kv) <= (q_idx + 1) * block_q - 1)[None]
+    if window:
+        ok = ok & (q_idx * block_q - ((kv_idx + 1) * block_kv - 1) < window)[None]
     if q_seg is not None:
         qb = q_seg.reshape(batch, nq, block_q)
         kb = q_seg.reshape(batch, nkv, block_kv)
@@ -232,13 +240,22 @@ def block_ranges(q_seg: jax.Array | None, batch: int, padded: int, seq: int, blo
     return kv_lo, kv_hi, q_lo, q_hi
 
 
+def window_steps(p: Problem, block: int, other_block: int, n_other: int) -> int:
+    """Most blocks of the other axis one block of `block` rows can touch: under a causal
+    window of W a q block's keys span block + W - 1 positions (and a kv block's queries
+    likewise), so at most ceil((block + W - 1) / other_block) + 1 blocks; otherwise all."""
+    if not (p.window and p.causal):
+        return n_other
+    return min(n_other, -(-(block + p.window - 1) // other_block) + 1)
+
+
 def index_div(a: jax.Array, n: int) -> jax.Array:
     """a // n for a non-negative traced index: lax.div lowers in Triton and Mosaic alike."""
     return jax.lax.div(a, jnp.asarray(n, a.dtype))
 
 
 def unmasked_kv_end(p: Problem, i, bq: int, bkv: int, hi):
-    """For q block i: kv blocks below this index (and >= lo) need no mask at all.
+    """For q block i: kv blocks below this index (and >= unmasked_kv_start) need no mask.
 
     Without segment ids (with them every tile is masked), a block is mask-free when it holds
     no padded key and, if causal, lies wholly at or below the diagonal.
@@ -249,8 +266,20 @@ def unmasked_kv_end(p: Problem, i, bq: int, bkv: int, hi):
     return end
 
 
+def unmasked_kv_start(p: Problem, i, bq: int, bkv: int, lo):
+    """For q block i: kv blocks from this index on lie wholly inside every query's window.
+
+    Tile (i, j) needs no window mask when its last query minus its first key is below the
+    window: j * bkv >= (i + 1) * bq - window. Without a window: lo.
+    """
+    if not p.window:
+        return lo
+    reach = jnp.maximum((i + 1) * bq - p.window, 0)
+    return jnp.maximum(lo, index_div(reach + bkv - 1, bkv))
+
+
 def unmasked_q_start(p: Problem, j, bq: int, bkv: int, lo):
-    """For kv block j: q blocks from this index on (and < hi) see all of its keys.
+    """For kv block j: q blocks from this index on (and < unmasked_q_end) see all its keys.
 
     Without segment ids only. Padded keys need no mask here: they only change their own
     dk/dv rows, which are cut off.
@@ -258,6 +287,14 @@ def unmasked_q_start(p: Problem, j, bq: int, bkv: int, lo):
     if not p.causal:
         return lo
     return jnp.maximum(lo, index_div((j + 1) * bkv - 1 + bq - 1, bq))
+
+
+def unmasked_q_end(p: Problem, j, bq: int, bkv: int, hi):
+    """For kv block j: q blocks below this index have every query within the window of
+    every key of the block ((i + 1) * bq <= j * bkv + window). Without a window: hi."""
+    if not p.window:
+        return hi
+    return jnp.minimum(hi, index_div(j * bkv + p.window, bq))
 
 
 def gate_kind(gate: jax.Array | None, q: jax.Array) -> str | None:
@@ -404,26 +441,28 @@ def make_kernel_attention(name: str, min_block: int, padded_dim: Callable[[int],
     flash = make_flash_attention(forward, backward)
 
     def static_of(q, k, gate, gate_activation, segment_ids, causal, normalizer, interpret,
-                  block_sizes) -> Static:
+                  block_sizes, window: int = 0) -> Static:
         return build_static(name, min_block, padded_dim(q.shape[-1]), q, k, gate,
                             gate_activation, segment_ids, causal, normalizer, interpret,
-                            block_sizes)
+                            block_sizes, window)
 
     def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, gate: jax.Array | None = None,
                   gate_activation: str = "sigmoid", segment_ids: jax.Array | None = None,
                   causal: bool = True, normalizer: str = "softmax",
                   sink_logits: jax.Array | None = None, interpret: bool | None = None,
-                  block_sizes: dict[str, int] | None = None) -> jax.Array:
-        check_kernel_args(name, q, k, normalizer, gate_activation)
+                  block_sizes: dict[str, int] | None = None, window: int = 0) -> jax.Array:
+        check_kernel_args(name, q, k, normalizer, gate_activation, window)
         static = static_of(q, k, gate, gate_activation, segment_ids, causal, normalizer,
-                           interpret, block_sizes)
+                           interpret, block_sizes, window)
         return flash(static, q, k, v, segment_ids, gate, sink_logits)
 
     attention.__doc__ = (
         f"Gated flash attention on {platform}; the arguments mean what they mean in "
         "`ops.attention`.\n\n    interpret: run the kernels in Pallas interpret mode "
         "(None: exactly when compiling for a CPU; False is never overridden).\n"
-        "    block_sizes: overrides of the tuned table in ops/block_sizes.py.\n    ")
+        "    block_sizes: overrides of the tuned table in ops/block_sizes.py.\n"
+        "    window > 0: sliding window; kv blocks wholly before a q block's window are "
+        "skipped\n    (never loaded), as blocks above the causal diagonal are.\n    ")
     return attention, flash, static_of
 
 
@@ -434,9 +473,13 @@ MATMULS_PER_PHASE = {"gated_flash_fwd": 2, "gated_flash_dq": 3, "gated_flash_dkv
 
 
 def visible_pairs(p: Problem) -> int:
-    """(query, key) pairs a call attends over: causal rows see themselves and what precedes
-    (segment ids, known only at run time, are not subtracted: an upper bound)."""
-    per_row = p.seq * (p.seq + 1) // 2 if p.causal else p.seq * p.seq
+    """(query, key) pairs a call attends over: causal rows see themselves and what precedes,
+    windowed rows at most `window` keys before them (segment ids, known only at run time, are
+    not subtracted: an upper bound)."""
+    s, w = p.seq, p.window
+    per_row = s * (s + 1) // 2 if p.causal else s * s
+    if w and w < s:  # rows i >= w lose the i - w + 1 keys before their window
+        per_row -= (s - w) * (s - w + 1) // 2
     return p.batch * p.heads * per_row
 
 
@@ -473,7 +516,7 @@ def resolve_interpret(interpret: bool | None) -> bool | str:
 def build_static(name: str, min_block: int, padded_dim: int, q: jax.Array, k: jax.Array,
                  gate: jax.Array | None, gate_activation: str, segment_ids: jax.Array | None,
                  causal: bool, normalizer: str, interpret: bool | None,
-                 block_sizes: dict[str, int] | None) -> Static:
+                 block_sizes: dict[str, int] | None, window: int = 0) -> Static:
     """The static description of one kernel call: problem shape, tile sizes, interpret mode.
 
     Tile sizes come from ops/block_sizes.py (overridable) and are fitted to the length; each
@@ -495,5 +538,6 @@ def build_static(name: str, min_block: int, padded_dim: int, q: jax.Array, k: ja
         head_dim=d, padded_dim=padded_dim, causal=causal,
         normalizer=normalizer, gate_kind=gate_kind(gate, q),
         gate_activation=gate_activation, has_segments=segment_ids is not None,
+        window=int(window),
     )
     return Static(problem, tuple(sorted(sizes.items())), interpret)

@@ -50,8 +50,10 @@ CAPABILITIES: dict[str, Capability] = {
     # jax's private cuDNN entry point with segment lengths / offsets (cudnn_packed.py).
     "cudnn_packed": Capability(normalizers=frozenset({"softmax"}), dtypes=HALF,
                                platforms=frozenset({"gpu"})),
-    "pallas_gpu": Capability(dtypes=ANY_DTYPE - {"float64"}, platforms=frozenset({"gpu"})),
-    "pallas_tpu": Capability(dtypes=ANY_DTYPE - {"float64"}, platforms=frozenset({"tpu"})),
+    "pallas_gpu": Capability(dtypes=ANY_DTYPE - {"float64"}, platforms=frozenset({"gpu"}),
+                             windows=True),
+    "pallas_tpu": Capability(dtypes=ANY_DTYPE - {"float64"}, platforms=frozenset({"tpu"}),
+                             windows=True),
     # jax's splash attention: sinks cover off-by-one (a zero sink) and learned sinks.
     "splash": Capability(normalizers=ALL_NORMALIZERS - {"softpick"},
                          dtypes=frozenset({"float32", "bfloat16"}),

@@ -1,15 +1,15 @@
 """Flash attention for GPUs in Pallas (Triton lowering), with the G1 gate fused in.
 
 Forward: one program per (q block, batch, head), the q block the fastest grid axis and the
-heaviest causal blocks launched first, walks only the kv blocks that hold a visible
-key (causal diagonal and segment ranges bound the loop), keeps a running max/denominator in
-registers, and multiplies by act(gate) before the single store (for sigmoid gates the
-ungated output is never written: see _flash_common.OUTPUT_ONLY_GATES). Backward: one dk/dv
-program per kv block loops over the query heads of its GQA group and their q blocks,
-recomputing the weights from the saved per-row lse, and adds each tile's dq into a float32
-buffer with atomics: 5 matmuls per tile (DQ_BY_ATOMICS; False gives FlashAttention-2's split
-with a dq kernel of its own, 7). Nothing S x S is stored, and k/v are never repeated for GQA
-(the BlockSpec index maps a query head to its kv head).
+heaviest causal blocks launched first, walks only the kv blocks that hold a visible key
+(causal diagonal, sliding window and segment ranges bound the loop), keeps a running
+max/denominator in registers, and multiplies by act(gate) before the single store (for
+sigmoid gates the ungated output is never written: see _flash_common.OUTPUT_ONLY_GATES).
+Backward: one dk/dv program per kv block loops over the query heads of its GQA group and
+their q blocks, recomputing the weights from the saved per-row lse, and adds each tile's dq
+into a float32 buffer with atomics: 5 matmuls per tile (DQ_BY_ATOMICS; False gives
+FlashAttention-2's split with a dq kernel of its own, 7). Nothing S x S is stored, and k/v
+are never repeated for GQA (the BlockSpec index maps a query head to its kv head).
 
 When compiled for a CPU (interpret=None) the kernels run in Pallas interpret mode.
 """
@@ -48,6 +48,8 @@ def _mask(p: fc.Problem, q_pos, k_pos, q_seg, k_seg):
     mask = k_pos[None, :] < p.seq
     if p.causal:
         mask = mask & (q_pos[:, None] >= k_pos[None, :])
+    if p.window:
+        mask = mask & (q_pos[:, None] - k_pos[None, :] < p.window)
     if q_seg is not None:
         mask = mask & (q_seg[:, None] == k_seg[None, :])
     return mask
@@ -67,11 +69,16 @@ def _kv_tile(p: fc.Problem, q, k_ref, v_ref, seg_ref, j, bkv: int, q_pos, q_seg,
 
 
 def _kv_loop(p: fc.Problem, body, init, lo, hi, i, bq: int, bkv: int):
-    """Run body over kv blocks [lo, hi): mask-free tiles first, then the masked ones."""
+    """Run body over kv blocks [lo, hi): the tiles cut by the window's left edge (masked),
+    the mask-free ones, then those on the diagonal or padding (masked)."""
     if p.has_segments:
         return lax.fori_loop(lo, hi, functools.partial(body, masked=True), init)
-    mid = jnp.maximum(lo, fc.unmasked_kv_end(p, i, bq, bkv, hi))
-    carry = lax.fori_loop(lo, mid, functools.partial(body, masked=False), init)
+    start = jnp.minimum(hi, fc.unmasked_kv_start(p, i, bq, bkv, lo))
+    mid = jnp.maximum(start, fc.unmasked_kv_end(p, i, bq, bkv, hi))
+    carry = init
+    if p.window:
+        carry = lax.fori_loop(lo, start, functools.partial(body, masked=True), carry)
+    carry = lax.fori_loop(start, mid, functools.partial(body, masked=False), carry)
     return lax.fori_loop(mid, hi, functools.partial(body, masked=True), carry)
 
 
@@ -178,10 +185,14 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, lo_ref, hi_ref,
         lo, hi = lo_ref[b, j], hi_ref[b, j]
         if p.has_segments:
             dk, dv = lax.fori_loop(lo, hi, functools.partial(body, masked=True), (dk, dv))
-        else:  # masked tiles near the diagonal first, then the q blocks that see every key
+        else:  # masked tiles near the diagonal first, then the q blocks that see every key,
+            # then (with a window) those whose windows end inside this kv block
             mid = jnp.minimum(hi, fc.unmasked_q_start(p, j, bq, bkv, lo))
+            end = jnp.maximum(mid, fc.unmasked_q_end(p, j, bq, bkv, hi))
             dk, dv = lax.fori_loop(lo, mid, functools.partial(body, masked=True), (dk, dv))
-            dk, dv = lax.fori_loop(mid, hi, functools.partial(body, masked=False), (dk, dv))
+            dk, dv = lax.fori_loop(mid, end, functools.partial(body, masked=False), (dk, dv))
+            if p.window:
+                dk, dv = lax.fori_loop(end, hi, functools.partial(body, masked=True), (dk, dv))
     dk_ref[...] = (dk * p.scale).astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -225,7 +236,7 @@ def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
     b, h, S, D = p.batch, p.heads, p.padded, p.padded_dim
     qp, kp, vp = _pad_inputs(p, q, k, v)
     segp = _padded_segments(p, seg)
-    lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
+    lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal, p.window)
     nq = S // bq
 
     row, whole_kv, by_head = _q_grid_specs(p, bq, nq)
@@ -281,7 +292,7 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
     dq = None
     if not DQ_BY_ATOMICS:  # FlashAttention-2's split: a dq kernel of its own
         bq, bkv = static.size("block_q_dq"), static.size("block_kv_dq")
-        lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
+        lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal, p.window)
         row, whole_kv, stat = _q_grid_specs(p, bq, S // bq)
         table = pl.BlockSpec((b, S // bq), lambda *_: (0, 0))
         dq = pl.pallas_call(
@@ -293,7 +304,7 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
         )(qp, kp, vp, dop, lsep, deltap, lo, hi, *seg_args)
 
     bq, bkv = static.size("block_q_dkv"), static.size("block_kv_dkv")
-    _, _, qlo, qhi = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
+    _, _, qlo, qhi = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal, p.window)
     # grid (kv block, batch, kv head): the kv block is the fastest axis
     grouped = pl.BlockSpec((None, S, None, g, D), lambda j, b_, n_: (b_, 0, n_, 0, 0))
     grouped_stat = pl.BlockSpec((None, None, g, S), lambda j, b_, n_: (b_, n_, 0, 0))

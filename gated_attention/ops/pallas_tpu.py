@@ -1,14 +1,17 @@
 """Flash attention for TPUs in Pallas (Mosaic), with the G1 gate fused in.
 
-Head-major layout [batch, heads, seq, head_dim] so every tile's last two dims are
-(rows, head_dim), as the MXU wants. The kv axis is the innermost "arbitrary" grid axis with
-running max/denominator/accumulator in VMEM scratch; `pl.when` skips tiles outside the
-[lo, hi) range of kv blocks that hold a visible key (causal diagonal, segment ranges), and the
-k/v index maps clamp to that range so skipped tiles are not even copied in. Backward: a dq
-kernel over (q block, kv block) and a dk/dv kernel whose innermost axis walks every query
-head of the kv head's GQA group and every q block, so k/v are never repeated. The dk/dv
-kernel works on transposed tiles (keys on rows, queries on lanes), so per-query statistics
-broadcast as rows and every matmul is a plain or right-transposed product.
+Head-major layout [batch, heads, seq, head_dim] so every tile's last two dims are (rows,
+head_dim), as the MXU wants. The kv axis is the innermost "arbitrary" grid axis with running
+max/denominator/accumulator in VMEM scratch; `pl.when` skips tiles outside the [lo, hi)
+range of kv blocks that hold a visible key (causal diagonal, sliding window, segment
+ranges), and the k/v index maps clamp to that range so skipped tiles are not even copied in.
+Under a causal sliding window of W keys the inner grid axis is shortened to the ceil((block
++ W - 1) / other block) + 1 blocks a window can touch, walked from each block's lo
+(_flash_common.window_steps), so the grid's length no longer grows with the sequence.
+Backward: a dq kernel over (q block, kv block) and a dk/dv kernel whose innermost axis walks
+every query head of the kv head's GQA group and every q block, so k/v are never repeated.
+The dk/dv kernel works on transposed tiles (keys on rows, queries on lanes), so per-query
+statistics broadcast as rows and every matmul is a plain or right-transposed product.
 
 Per-row vectors (lse, delta, segment ids, headwise gate) live in HBM lane-dense, one row per
 tile ([..., S // block, 1, block], see `_rows`): a [..., S, 1] column would be padded to 128
@@ -46,6 +49,8 @@ def _mask(p: fc.Problem, i, j, bq: int, bkv: int, q_seg, k_seg, transposed: bool
     mask = k_pos < p.seq
     if p.causal:
         mask = mask & (q_pos >= k_pos)
+    if p.window:
+        mask = mask & (q_pos - k_pos < p.window)
     if q_seg is not None:
         mask = mask & (q_seg == k_seg)
     return mask
@@ -76,6 +81,12 @@ def _clamp(j, lo, hi):
     return jnp.minimum(jnp.maximum(j, lo), jnp.maximum(hi - 1, lo))
 
 
+def _kv_index(t, lo, steps: int, n: int):
+    """Block index of grid step t along the inner axis: t itself over the full axis, or, on
+    an axis shortened to the window's `steps` (fc.window_steps), the t-th block from lo."""
+    return t if steps == n else lo + t
+
+
 def _column(row: jax.Array) -> jax.Array:
     """A lane-dense [1, n] row as the [n, 1] column a q-major tile broadcasts against.
 
@@ -103,13 +114,15 @@ def _when_kv_visible(p: fc.Problem, step, i, j, lo, hi, bq: int, bkv: int) -> No
     if p.has_segments:
         pl.when(visible)(functools.partial(step, True))
         return
+    start = fc.unmasked_kv_start(p, i, bq, bkv, lo)
     end = fc.unmasked_kv_end(p, i, bq, bkv, hi)
-    pl.when(visible & (j < end))(functools.partial(step, False))
-    pl.when(visible & (j >= end))(functools.partial(step, True))
+    free = (j >= start) & (j < end)
+    pl.when(visible & free)(functools.partial(step, False))
+    pl.when(visible & jnp.logical_not(free))(functools.partial(step, True))
 
 
 def _fwd_kernel(lo_ref, hi_ref, *refs, p: fc.Problem, bq: int, bkv: int, nq: int, nkv: int,
-                residuals: bool):
+                steps: int, residuals: bool):
     rest = list(refs)
     q_ref, k_ref, v_ref = rest.pop(0), rest.pop(0), rest.pop(0)
     qseg_ref, kseg_ref = (rest.pop(0), rest.pop(0)) if p.has_segments else (None, None)
@@ -118,11 +131,12 @@ def _fwd_kernel(lo_ref, hi_ref, *refs, p: fc.Problem, bq: int, bkv: int, nq: int
     qseg_col = rest.pop() if p.has_segments else None
     m_ref, l_ref, acc_ref = rest[-3:]
     outs = rest[:-3]
-    b, h, i, j = (pl.program_id(a) for a in range(4))
+    b, h, i, t = (pl.program_id(a) for a in range(4))
     lo, hi = lo_ref[b * nq + i], hi_ref[b * nq + i]
+    j = _kv_index(t, lo, steps, nkv)
     sink = None if sink_ref is None else sink_ref[h].astype(jnp.float32) * fc.LOG2E
 
-    @pl.when(j == 0)
+    @pl.when(t == 0)
     def _init():
         m_ref[...] = fc.initial_max(p.normalizer, bq, sink)
         l_ref[...] = jnp.zeros_like(l_ref)
@@ -145,7 +159,7 @@ def _fwd_kernel(lo_ref, hi_ref, *refs, p: fc.Problem, bq: int, bkv: int, nq: int
 
     _when_kv_visible(p, step, i, j, lo, hi, bq, bkv)
 
-    @pl.when(j == nkv - 1)
+    @pl.when(t == steps - 1)
     def _write():
         o, lse = fc.finalize(acc_ref[...], m_ref[...], l_ref[...], p.normalizer, sink)
         out = o
@@ -161,15 +175,16 @@ def _fwd_kernel(lo_ref, hi_ref, *refs, p: fc.Problem, bq: int, bkv: int, nq: int
 
 
 def _dq_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest,
-               p: fc.Problem, bq: int, bkv: int, nq: int, nkv: int):
+               p: fc.Problem, bq: int, bkv: int, nq: int, nkv: int, steps: int):
     rest = list(rest)
     qseg_ref, kseg_ref = (rest.pop(0), rest.pop(0)) if p.has_segments else (None, None)
     qseg_col = rest.pop() if p.has_segments else None
     dq_ref, acc_ref, lse_col, delta_col = rest
-    b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    b, i, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     lo, hi = lo_ref[b * nq + i], hi_ref[b * nq + i]
+    j = _kv_index(t, lo, steps, nkv)
 
-    @pl.when(j == 0)
+    @pl.when(t == 0)
     def _init():  # the q block's row statistics as columns, once for all its kv steps
         acc_ref[...] = jnp.zeros_like(acc_ref)
         lse_col[...] = _column(lse_ref[...])
@@ -190,21 +205,21 @@ def _dq_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, 
 
     _when_kv_visible(p, step, i, j, lo, hi, bq, bkv)
 
-    @pl.when(j == nkv - 1)
+    @pl.when(t == steps - 1)
     def _write():
         dq_ref[...] = (acc_ref[...] * p.scale).astype(dq_ref.dtype)
 
 
 def _dkv_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest,
-                p: fc.Problem, bq: int, bkv: int, nq: int, nkv: int):
+                p: fc.Problem, bq: int, bkv: int, nq: int, nkv: int, steps: int):
     """Transposed tiles [bkv, bq]: lse, delta and the q segment ids broadcast as rows."""
     rest = list(rest)
     qseg_ref, kseg_ref = (rest.pop(0), rest.pop(0)) if p.has_segments else (None, None)
     kseg_col = rest.pop() if p.has_segments else None
     dk_ref, dv_ref, dk_acc, dv_acc = rest
     b, j, r = pl.program_id(0), pl.program_id(2), pl.program_id(3)
-    i = _rem(r, nq)
     lo, hi = lo_ref[b * nkv + j], hi_ref[b * nkv + j]
+    i = _kv_index(_rem(r, steps), lo, steps, nq)  # the q block of this step
 
     @pl.when(r == 0)
     def _init():
@@ -230,10 +245,12 @@ def _dkv_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
         pl.when(visible)(functools.partial(step, True))
     else:  # q blocks from `start` on see every key of this kv block
         start = fc.unmasked_q_start(p, j, bq, bkv, lo)
-        pl.when(visible & (i < start))(functools.partial(step, True))
-        pl.when(visible & (i >= start))(functools.partial(step, False))
+        end = fc.unmasked_q_end(p, j, bq, bkv, hi)
+        free = (i >= start) & (i < end)
+        pl.when(visible & jnp.logical_not(free))(functools.partial(step, True))
+        pl.when(visible & free)(functools.partial(step, False))
 
-    @pl.when(r == p.group * nq - 1)
+    @pl.when(r == p.group * steps - 1)
     def _write():
         dk_ref[...] = (dk_acc[...] * p.scale).astype(dk_ref.dtype)
         dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
@@ -293,15 +310,16 @@ def _call(kernel, static: fc.Static, grid, in_specs, out_specs, out_shape, scrat
     return run
 
 
-def _q_major_specs(p: fc.Problem, bq: int, bkv: int, nq: int):
+def _q_major_specs(p: fc.Problem, bq: int, bkv: int, nq: int, steps: int, nkv: int):
     """BlockSpecs of a grid (b, h, q block, kv block), as the forward and dq kernels use it:
     q rows, per-row statistics (one lane-dense row per q block), kv blocks (clamped into the
     visible range, so skipped steps copy nothing new) and, with segment ids, the q and kv
     blocks' ids (rows)."""
     g, D = p.group, p.padded_dim
 
-    def kv_block(b_, h_, i, j, lo_, hi_):
-        return (b_, _div(h_, g), _clamp(j, lo_[b_ * nq + i], hi_[b_ * nq + i]), _0)
+    def kv_block(b_, h_, i, t, lo_, hi_):
+        lo, hi = lo_[b_ * nq + i], hi_[b_ * nq + i]
+        return (b_, _div(h_, g), _clamp(_kv_index(t, lo, steps, nkv), lo, hi), _0)
 
     row = pl.BlockSpec((None, None, bq, D), lambda b_, h_, i, j, *_: (b_, h_, i, _0))
     stat = pl.BlockSpec((None, None, None, 1, bq),
@@ -320,8 +338,9 @@ def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
     b, h, S, D = p.batch, p.heads, p.padded, p.padded_dim
     nq, nkv = S // bq, S // bkv
     segp, qseg, kseg = _segments(p, seg, bq, bkv)
-    lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
-    row, stat, kv, seg_specs = _q_major_specs(p, bq, bkv, nq)
+    lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal, p.window)
+    steps = fc.window_steps(p, bq, bkv, nkv)
+    row, stat, kv, seg_specs = _q_major_specs(p, bq, bkv, nq, steps, nkv)
     in_specs = [row, kv, kv, *seg_specs]
     args = [_head_major(p, q), _head_major(p, k), _head_major(p, v)]
     if segp is not None:
@@ -348,9 +367,9 @@ def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
                pltpu.VMEM((bq, D), jnp.float32)]
     if segp is not None:
         scratch.append(pltpu.VMEM((bq, 1), jnp.int32))
-    kernel = functools.partial(_fwd_kernel, p=p, bq=bq, bkv=bkv, nq=nq, nkv=nkv,
+    kernel = functools.partial(_fwd_kernel, p=p, bq=bq, bkv=bkv, nq=nq, nkv=nkv, steps=steps,
                                residuals=residuals)
-    outs = _call(kernel, static, (b, h, nq, nkv), in_specs, out_specs, out_shape, scratch,
+    outs = _call(kernel, static, (b, h, nq, steps), in_specs, out_specs, out_shape, scratch,
                  "gated_flash_fwd")(lo.reshape(-1), hi.reshape(-1), *args)
     out = _seq_major(p, outs[0])
     if not residuals:
@@ -370,15 +389,16 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
     bq, bkv = static.size("block_q_dq"), static.size("block_kv_dq")
     nq, nkv = S // bq, S // bkv
     segp, qseg, kseg = _segments(p, seg, bq, bkv)
-    lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
-    row, stat, kv, seg_specs = _q_major_specs(p, bq, bkv, nq)
+    lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal, p.window)
+    steps = fc.window_steps(p, bq, bkv, nkv)
+    row, stat, kv, seg_specs = _q_major_specs(p, bq, bkv, nq, steps, nkv)
     seg_args = [] if segp is None else [qseg, kseg]
     scratch = [pltpu.VMEM((bq, D), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
                pltpu.VMEM((bq, 1), jnp.float32)]
     if segp is not None:
         scratch.append(pltpu.VMEM((bq, 1), jnp.int32))
-    kernel = functools.partial(_dq_kernel, p=p, bq=bq, bkv=bkv, nq=nq, nkv=nkv)
-    dq = _call(kernel, static, (b, h, nq, nkv), [row, kv, kv, row, stat, stat, *seg_specs], row,
+    kernel = functools.partial(_dq_kernel, p=p, bq=bq, bkv=bkv, nq=nq, nkv=nkv, steps=steps)
+    dq = _call(kernel, static, (b, h, nq, steps), [row, kv, kv, row, stat, stat, *seg_specs], row,
                jax.ShapeDtypeStruct((b, h, S, D), q.dtype), scratch, "gated_flash_dq")(
                    lo.reshape(-1), hi.reshape(-1), qh, kh, vh, doh,
                    _stats(p, lse, bq, fc.EMPTY_ROW_LSE), _stats(p, delta, bq), *seg_args)
@@ -388,11 +408,13 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
     nq, nkv = S // bq, S // bkv
     segp, qseg, kseg = _segments(p, seg, bq, bkv)
     seg_args = [] if segp is None else [qseg, kseg]
-    _, _, qlo, qhi = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal)
+    _, _, qlo, qhi = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal, p.window)
+    steps = fc.window_steps(p, bkv, bq, nq)
 
     def q_block(b_, n_, j, r, lo_, hi_):
-        i = _clamp(_rem(r, nq), lo_[b_ * nkv + j], hi_[b_ * nkv + j])
-        return (b_, n_ * g + _div(r, nq), i, _0)
+        lo, hi = lo_[b_ * nkv + j], hi_[b_ * nkv + j]
+        i = _clamp(_kv_index(_rem(r, steps), lo, steps, nq), lo, hi)
+        return (b_, n_ * g + _div(r, steps), i, _0)
 
     qrow = pl.BlockSpec((None, None, bq, D), q_block)
     qstat = pl.BlockSpec((None, None, None, 1, bq), lambda *a: (*q_block(*a), _0))
@@ -404,9 +426,9 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
                                   lambda *a: (a[0], q_block(*a)[2], _0, _0)),
                      pl.BlockSpec((None, None, 1, bkv), lambda b_, n_, j, r, *_: (b_, j, _0, _0))]
         scratch.append(pltpu.VMEM((bkv, 1), jnp.int32))
-    kernel = functools.partial(_dkv_kernel, p=p, bq=bq, bkv=bkv, nq=nq, nkv=nkv)
+    kernel = functools.partial(_dkv_kernel, p=p, bq=bq, bkv=bkv, nq=nq, nkv=nkv, steps=steps)
     dk, dv = _call(
-        kernel, static, (b, n, nkv, g * nq),
+        kernel, static, (b, n, nkv, g * steps),
         [qrow, kvrow, kvrow, qrow, qstat, qstat, *seg_specs], [kvrow, kvrow],
         [jax.ShapeDtypeStruct(kh.shape, k.dtype), jax.ShapeDtypeStruct(vh.shape, v.dtype)],
         scratch, "gated_flash_dkv",
