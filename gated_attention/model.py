@@ -47,6 +47,28 @@ class Transformer(nnx.Module):
                  kv_caches: list[KVCache] | None = None,
                  ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """kv_caches: one per layer when decoding (gated_attention/generate.py)."""
+        x, head, aux_total = self.features(tokens, positions=positions,
+                                           segment_ids=segment_ids, capture=capture,
+                                           kv_caches=kv_caches)
+        logits = jnp.einsum("bsD,VD->bsV", x, head, preferred_element_type=jnp.float32)
+        logits = constrain(logits, ("batch", "length", "vocab"))
+        return logits, aux_total
+
+    def output_table(self, table: jax.Array) -> jax.Array:
+        """The logits' projection as [vocab, d_model] in the compute dtype: the gathered
+        embedding table itself when tied, else lm_head transposed."""
+        if self.cfg.tied_embeddings:
+            return table
+        return cast(self.lm_head, self.cfg.compute_dtype).T
+
+    def features(self, tokens: jax.Array, *, positions: jax.Array | None = None,
+                 segment_ids: jax.Array | None = None,
+                 capture: frozenset[str] | tuple[str, ...] = frozenset(),
+                 kv_caches: list[KVCache] | None = None,
+                 ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+        """(final hidden states [b, s, d_model], output table [vocab, d_model], aux losses):
+        the logits are `x @ table.T` (`__call__`), or never formed whole
+        (losses.chunked_cross_entropy)."""
         cfg = self.cfg
         capture = validate_capture(capture)
         if capture and kv_caches is not None:
@@ -58,10 +80,13 @@ class Transformer(nnx.Module):
                              "parameters)")
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-        # FSDP: gather the table's embed dimension before the lookup (as for every weight), so
-        # the looked-up rows come out split by batch, not by embed.
-        table = constrain(self.embed[...], ("vocab", None))
-        x = jnp.take(table, tokens, axis=0).astype(cfg.compute_dtype)
+        # FSDP: the table is cast to the compute dtype while still sharded, then its embed
+        # dimension gathered once (as for every weight) and used for both the lookup and,
+        # when tied, the logits; so the looked-up rows come out split by batch, and the
+        # table's gradient is summed in the compute dtype and reduce-scattered back to the
+        # parameter's sharded layout (one [vocab, d_model] buffer, not one per use, in f32).
+        table = gathered_table(cast(self.embed, cfg.compute_dtype))
+        x = jnp.take(table, tokens, axis=0)
         x = constrain(x, ("batch", "length", "embed"))
         if cfg.scan_layers:
             x, aux_total = self._run_scanned(x, positions, segment_ids, capture)
@@ -69,11 +94,7 @@ class Transformer(nnx.Module):
             x, aux_total = self._run_layer_by_layer(x, positions, segment_ids, capture,
                                                     kv_caches)
         x = self.final_norm(x)
-        head = (cast(self.embed, cfg.compute_dtype).T if cfg.tied_embeddings
-                else cast(self.lm_head, cfg.compute_dtype))
-        logits = jnp.einsum("bsD,DV->bsV", x, head, preferred_element_type=jnp.float32)
-        logits = constrain(logits, ("batch", "length", "vocab"))
-        return logits, aux_total
+        return x, self.output_table(table), aux_total
 
     def _run_layer_by_layer(self, x: jax.Array, positions: jax.Array,
                             segment_ids: jax.Array | None, capture: frozenset[str],
@@ -110,6 +131,26 @@ class Transformer(nnx.Module):
         scan = nnx.scan(one_block, in_axes=(0, nnx.Carry), out_axes=(nnx.Carry, 0))
         x, aux = scan(self.layers, x)
         return x, {name: value.sum(axis=0) for name, value in aux.items()}
+
+
+@jax.custom_vjp
+def gathered_table(table: jax.Array) -> jax.Array:
+    """The embedding table with its embed dimension gathered (FSDP), for the lookup and the
+    tied logits. Its gradient, summed from both uses, is constrained back to the parameter's
+    layout (vocab, embed): the compiler reduce-scatters it (each device receives its shard)
+    instead of all-reducing a whole [vocab, d_model] copy to every device."""
+    return constrain(table, ("vocab", None))
+
+
+def _gathered_table_fwd(table: jax.Array) -> tuple[jax.Array, None]:
+    return gathered_table(table), None
+
+
+def _gathered_table_bwd(_: None, cotangent: jax.Array) -> tuple[jax.Array]:
+    return (constrain(cotangent, ("vocab", "embed")),)
+
+
+gathered_table.defvjp(_gathered_table_fwd, _gathered_table_bwd)
 
 
 def _stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> DecoderBlock:

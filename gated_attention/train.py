@@ -104,10 +104,15 @@ def _loss_fn(graphdef: nnx.GraphDef, config: Any) -> Callable[..., Any]:
     def loss_fn(params: nnx.State, batch: Mapping[str, jax.Array]):
         model = nnx.merge(graphdef, params)
         # Unpacked rows may leave out segment_ids / positions (then cuDNN attention applies).
-        logits, aux = model(batch["inputs"], positions=batch.get("positions"),
-                            segment_ids=batch.get("segment_ids"))
-        loss, info = losses.cross_entropy(logits, batch["targets"], batch["mask"],
-                                          z_loss=train.z_loss)
+        features = dict(positions=batch.get("positions"), segment_ids=batch.get("segment_ids"))
+        if train.get("loss_chunk_size", 0):  # the logits a vocabulary tile at a time
+            x, table, aux = model.features(batch["inputs"], **features)
+            loss, info = losses.chunked_cross_entropy(x, table, batch["targets"], batch["mask"],
+                                                      train.z_loss, train.loss_chunk_size)
+        else:
+            logits, aux = model(batch["inputs"], **features)
+            loss, info = losses.cross_entropy(logits, batch["targets"], batch["mask"],
+                                              z_loss=train.z_loss)
         for name, weight_field in MOE_LOSSES:
             if name in aux:
                 loss = loss + train[weight_field] * aux[name]

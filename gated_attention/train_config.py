@@ -39,6 +39,10 @@ def check_section(train: Any) -> None:
     every = train.get("telemetry_every", 0)
     require(isinstance(every, int) and not isinstance(every, bool) and every >= 0,
             f"train.telemetry_every={every!r} must be an integer >= 0 (0 = off)")
+    chunk = train.get("loss_chunk_size", 0)
+    require(isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 0,
+            f"train.loss_chunk_size={chunk!r} must be an integer >= 0 (vocabulary entries per "
+            "tile of the chunked loss; 0 = the plain loss)")
     for name in ("step_timeout_s", "first_step_timeout_s"):
         require(train.get(name, 0.0) >= 0,
                 f"train.{name}={train.get(name)} must be >= 0 seconds (0 turns the watchdog off)")

@@ -1,0 +1,186 @@
+"""The compiled train step of any config for a TPU slice, per chip, on a CPU (no TPU).
+
+    python benchmarks/compiled_step.py \
+        --config=configs/ablation.py:arch=dense_1p7b_28l,variant=baseline \
+        --accelerator=v5p-8 --variants=baseline,g1_sdpa_elementwise \
+        --config.mesh.fsdp=4 --config.mesh.data=1 --config.train.batch_size=16 \
+        --config.model.remat=full --config.model.attention_impl=splash
+
+For each variant three programs are compiled by libtpu's XLA TPU compiler, deviceless, as the
+pre-flight compiles them (gated_attention/target_compile.py: `main`'s own train step):
+
+- the step as configured (scanned layers if the config scans): per-chip memory (arguments,
+  temporaries, total) is read from it;
+- the same step unrolled with 1 and with 2 layers (U1, U2): XLA's cost analysis counts a
+  loop body once, so the FLOPs and bytes accessed of the full step are extrapolated from
+  them, full = U1 + (L - 1) x (U2 - U1), and split into the layers, L x (U2 - U1), and the
+  rest (embedding, logits, loss, optimizer update), U1 - (U2 - U1).
+
+GB here are 1e9 bytes. These are the compiler's figures (its memory plan and its traffic
+estimate), not measurements on a TPU. --json prints the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+GB = 1e9
+
+
+def variant_config(config: Any, variant: str) -> Any:
+    """`config` with its attention section (and label) replaced by the paper variant's."""
+    from gated_attention import config_lib
+
+    out = copy.deepcopy(config)
+    with out.unlocked():
+        out.variant = variant
+        out.attention = config_lib.attention_section(variant)
+    return out
+
+
+def unrolled(config: Any, layers: int) -> Any:
+    """`config` with `layers` decoder blocks run one by one (no scan)."""
+    out = copy.deepcopy(config)
+    with out.unlocked():
+        out.model.num_layers = layers
+        out.model.scan_layers = False
+    return out
+
+
+def figures(step: Any) -> dict[str, float]:
+    """Per-chip memory, FLOPs and bytes accessed of one compiled step."""
+    cost = step.compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    memory = step.memory
+    return {"arguments": memory["arguments"], "temporaries": memory["temporaries"],
+            "total": memory["total"], "flops": float(cost.get("flops", 0.0)),
+            "bytes": float(cost.get("bytes accessed", 0.0)),
+            "compile_s": round(step.compile_seconds, 1)}
+
+
+def measure(config: Any, mesh: Any, hlo: dict[str, str] | None = None) -> dict[str, Any]:
+    """The full step's memory, and its FLOPs / bytes extrapolated from U1 and U2; `hlo`, if
+    given, receives each program's optimized HLO ("full", "u1", "u2")."""
+    from gated_attention import config_lib
+    from gated_attention.target_compile import compile_step
+
+    layers = config_lib.model_config(config).num_layers
+    programs = {}
+    for name, one_config in (("full_compile", config), ("u1", unrolled(config, 1)),
+                             ("u2", unrolled(config, 2))):
+        step = compile_step(one_config, mesh, "train")
+        programs[name] = figures(step)
+        print(f"compiled {config.variant} {name}: {programs[name]}", file=sys.stderr,
+              flush=True)
+        if hlo is not None:
+            hlo[name.removesuffix("_compile")] = step.hlo_text
+    full, one, two = programs["full_compile"], programs["u1"], programs["u2"]
+    out: dict[str, Any] = {"layers": layers, **programs}
+    for key in ("flops", "bytes"):
+        per_layer = two[key] - one[key]
+        out[key] = {"per_layer": per_layer, "layers": layers * per_layer,
+                    "rest": one[key] - per_layer, "full": one[key] + (layers - 1) * per_layer}
+    out["memory"] = {k: full[k] for k in ("arguments", "temporaries", "total")}
+    return out
+
+
+def format_table(results: dict[str, dict[str, Any]]) -> str:
+    names = list(results)
+    rows: list[tuple[str, ...]] = [("per chip", *names)]
+    for key in ("total", "temporaries", "arguments"):
+        rows.append((f"{key} memory (GB)",
+                     *(f"{results[n]['memory'][key] / GB:.3f}" for n in names)))
+    for key, label, scale, fmt in (("flops", "FLOPs", 1.0, "{:.4g}"),
+                                   ("bytes", "bytes accessed (GB)", GB, "{:.4g}")):
+        for part in ("full", "layers", "rest", "per_layer"):
+            rows.append((f"{label}, {part.replace('_', ' ')}",
+                         *(fmt.format(results[n][key][part] / scale) for n in names)))
+    rows.append(("compile s (full, U1, U2)", *(
+        "{}, {}, {}".format(results[n]["full_compile"]["compile_s"], results[n]["u1"]["compile_s"],
+                            results[n]["u2"]["compile_s"]) for n in names)))
+    if len(names) > 1:
+        base = results[names[0]]
+        for n in names[1:]:
+            ratio = [f"{results[n]['memory']['total'] / base['memory']['total']:.3f}",
+                     f"{results[n]['bytes']['full'] / base['bytes']['full']:.3f}",
+                     f"{results[n]['flops']['full'] / base['flops']['full']:.3f}"]
+            rows.append((f"{n} / {names[0]}: total, bytes, FLOPs", *([""] * (len(names) - 1)),
+                         ", ".join(ratio)))
+    width = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(r, width))) for r in rows)
+
+
+def run(config: Any, accelerator: str, variants: list[str]) -> dict[str, Any]:
+    from gated_attention import config_lib
+    from gated_attention.preflight import parse_target, tpu_mesh
+
+    target = parse_target(accelerator)
+    mesh = tpu_mesh(target.topology, config.mesh)
+    results = {}
+    for variant in variants:
+        one = variant_config(config, variant)
+        config_lib.validate_run_config(one)
+        results[variant] = measure(one, mesh)
+    return results
+
+
+def main(argv: list[str]) -> None:
+    import jax
+    from absl import flags
+
+    from gated_attention import config_lib, gpu_targets
+
+    FLAGS = flags.FLAGS
+    if len(argv) > 1:
+        sys.exit(f"unexpected arguments: {' '.join(argv[1:])}")
+    variants = [v for v in FLAGS.variants.split(",") if v] or [FLAGS.config.variant]
+    try:
+        for v in variants:
+            config_lib.attention_section(v)
+        if gpu_targets.is_gpu_accelerator(FLAGS.accelerator):
+            raise config_lib.ConfigError(f"--accelerator={FLAGS.accelerator}: this benchmark "
+                                         "compiles for TPU slices (XLA:GPU has no cost analysis)")
+        results = run(FLAGS.config, FLAGS.accelerator, variants)
+    except (config_lib.ConfigError, ValueError) as err:
+        sys.exit(f"compiled_step error: {err}")
+    config = FLAGS.config
+    header = (f"{config.arch} on {FLAGS.accelerator}, batch {config.train.batch_size} x "
+              f"{config.data.seq_len}, mesh {dict(config.mesh)}, remat {config.model.remat}, "
+              f"scan_layers {config.model.scan_layers}, attention "
+              f"{config.model.attention_impl}, loss_chunk_size "
+              f"{config.train.get('loss_chunk_size', 0)}; jax {jax.__version__}, libtpu "
+              f"{version('libtpu')}")
+    if FLAGS.json:
+        print(json.dumps({"setting": header, "variants": results}, indent=2))
+        return
+    print(header)
+    print(format_table(results))
+
+if __name__ == "__main__":
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")
+    from absl import app, flags
+    from ml_collections import config_flags
+
+    from gated_attention.preflight import parse_flags
+
+    config_flags.DEFINE_config_file("config", None, "Config file, e.g. "
+                                    "configs/ablation.py:arch=tiny,variant=baseline",
+                                    lock_config=True)
+    flags.DEFINE_string("accelerator", "v5p-8", "Cloud TPU type (v5p-8, v5litepod-8, ...).")
+    flags.DEFINE_string("variants", "", "Comma-separated variants compiled side by side "
+                        "(default: the config's).")
+    flags.DEFINE_bool("json", False, "Print JSON instead of a table.")
+    flags.mark_flags_as_required(["config"])
+    app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,134 @@
+"""The chunked cross-entropy (losses.chunked_cross_entropy) against a float64 numpy
+reference: values and gradients with z-loss and masked positions, a vocabulary the tile does
+not divide (the clamped last tile), and the train loss of a tiny model through either path."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from gated_attention import config_lib, losses, train
+from gated_attention.model import Transformer
+
+
+def numpy_loss_and_grads(x, table, targets, mask, z_loss):
+    """Loss, d loss/dx, d loss/dtable of mean masked nll + z_loss * mean lse^2, float64."""
+    x, table = np.asarray(x, np.float64), np.asarray(table, np.float64)
+    logits = x @ table.T
+    top = logits.max(-1, keepdims=True)
+    lse = (top + np.log(np.exp(logits - top).sum(-1, keepdims=True)))[..., 0]
+    p = np.exp(logits - lse[..., None])
+    w = np.asarray(mask, np.float64)
+    denom = max(w.sum(), 1.0)
+    target_logit = np.take_along_axis(logits, targets[..., None], -1)[..., 0]
+    loss = ((lse - target_logit) * w).sum() / denom + z_loss * (lse ** 2 * w).sum() / denom
+    onehot = np.eye(table.shape[0])[targets]
+    dlogits = (w / denom)[..., None] * (p - onehot + z_loss * 2 * lse[..., None] * p)
+    return loss, dlogits @ table, np.einsum("bsv,bsd->vd", dlogits, x)
+
+
+def problem(seed=0, b=2, s=8, d=16, vocab=37):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(b, s, d))
+    table = rng.normal(size=(vocab, d)) * 0.5
+    targets = rng.integers(0, vocab, size=(b, s))
+    mask = rng.random((b, s)) > 0.3
+    return x, table, targets, mask
+
+
+@pytest.mark.parametrize("chunk", [8, 37, 64, 1])
+def test_values_and_gradients_match_a_float64_reference(chunk):
+    x, table, targets, mask = problem()
+    want_loss, want_dx, want_dtable = numpy_loss_and_grads(x, table, targets, mask, 0.01)
+
+    def loss(x, table):
+        return losses.chunked_cross_entropy(x, table, jnp.asarray(targets), jnp.asarray(mask),
+                                            z_loss=0.01, chunk_size=chunk)[0]
+
+    with jax.enable_x64(True):  # float64 through the chunked code: agreement to rounding
+        value, (dx, dtable) = jax.value_and_grad(loss, argnums=(0, 1))(
+            jnp.asarray(x, jnp.float64), jnp.asarray(table, jnp.float64))
+        np.testing.assert_allclose(value, want_loss, rtol=1e-12)
+        np.testing.assert_allclose(dx, want_dx, rtol=1e-10, atol=1e-14)
+        np.testing.assert_allclose(dtable, want_dtable, rtol=1e-10, atol=1e-14)
+    # float32, as training runs it
+    value, (dx, dtable) = jax.value_and_grad(loss, argnums=(0, 1))(
+        jnp.asarray(x, jnp.float32), jnp.asarray(table, jnp.float32))
+    np.testing.assert_allclose(value, want_loss, rtol=1e-5)
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(dtable, want_dtable, rtol=1e-4, atol=1e-6)
+
+
+def test_reported_parts_match_the_plain_loss():
+    x, table, targets, mask = problem(seed=1)
+    x, table = jnp.asarray(x, jnp.float32), jnp.asarray(table, jnp.float32)
+    targets, mask = jnp.asarray(targets), jnp.asarray(mask)
+    logits = jnp.einsum("bsd,vd->bsv", x, table)
+    plain_loss, plain = losses.cross_entropy(logits, targets, mask, z_loss=0.1)
+    chunked_loss, chunked = losses.chunked_cross_entropy(x, table, targets, mask, z_loss=0.1,
+                                                         chunk_size=10)
+    np.testing.assert_allclose(chunked_loss, plain_loss, rtol=1e-6)
+    for name in ("nll", "z_loss", "tokens"):
+        np.testing.assert_allclose(chunked[name], plain[name], rtol=1e-6)
+
+
+def test_bfloat16_gradients_stay_close_to_float64():
+    """bf16 hidden states and table (the paper's compute dtype): the table's gradient is
+    rounded once per tile column, as the plain loss rounds it once."""
+    x, table, targets, mask = problem(seed=2, vocab=300, d=32)
+    _, want_dx, want_dtable = numpy_loss_and_grads(x, table, targets, mask, 0.0)
+    dx, dtable = jax.grad(lambda x, t: losses.chunked_cross_entropy(
+        x, t, jnp.asarray(targets), jnp.asarray(mask), chunk_size=128)[0], argnums=(0, 1))(
+        jnp.asarray(x, jnp.bfloat16), jnp.asarray(table, jnp.bfloat16))
+    assert dx.dtype == jnp.bfloat16 and dtable.dtype == jnp.bfloat16
+    scale = np.abs(want_dtable).max()
+    assert np.abs(np.asarray(dtable, np.float64) - want_dtable).max() < 0.02 * scale
+    assert np.abs(np.asarray(dx, np.float64) - want_dx).max() < 0.02 * np.abs(want_dx).max()
+
+
+def tiny_config(**train_fields):
+    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config.model.num_layers = 2
+    config.model.vocab_size = 300  # not a multiple of the tile: the clamped last tile
+    config.train.z_loss = 1e-3
+    config.train.update(train_fields)
+    return config
+
+
+def test_train_loss_and_gradients_match_the_plain_loss():
+    """Through the model (tied embedding): the loss train.py takes, either path."""
+    config = tiny_config()
+    cfg = config_lib.model_config(config)
+    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(params=0)))
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, 300, size=(2, 32)))
+    batch = {"inputs": tokens, "targets": jnp.roll(tokens, -1, axis=1),
+             "mask": jnp.asarray(rng.random((2, 32)) > 0.2)}
+    results = []
+    for chunk in (0, 128):
+        with config.unlocked():
+            config.train.loss_chunk_size = chunk
+        loss_fn = train._loss_fn(graphdef, config)
+        (loss, info), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+        results.append((loss, info, grads))
+    (plain, plain_info, plain_grads), (chunked, chunked_info, chunked_grads) = results
+    np.testing.assert_allclose(chunked, plain, rtol=1e-5)
+    np.testing.assert_allclose(chunked_info["z_loss"], plain_info["z_loss"], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(plain_grads), jax.tree.leaves(chunked_grads)):
+        np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-6)
+
+
+@pytest.mark.parametrize("bad", [-1, -8192])
+def test_bad_chunk_sizes_are_refused_naming_the_field(bad):
+    config = tiny_config()
+    config.train.loss_chunk_size = bad
+    with pytest.raises(config_lib.ConfigError, match=r"train.loss_chunk_size=.* must be an "
+                       r"integer >= 0"):
+        config_lib.validate_run_config(config)
+
+
+def test_paper_recipes_chunk_the_loss():
+    for arch in ("dense_1p7b_28l", "dense_1p7b_48l", "moe_15a2b"):
+        assert config_lib.base_config(arch).train.loss_chunk_size == config_lib.PAPER_LOSS_CHUNK
+    assert config_lib.base_config("tiny").train.loss_chunk_size == 0
