@@ -27,9 +27,9 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from gated_attention import ops
-from gated_attention.data.packing import random_segment_ids
 from gated_attention.ops import _flash_common as fc
 from gated_attention.ops import pallas_gpu, reference
+from gated_attention.ops.testing import random_segment_ids
 
 FAST_COMPILE = dict(xla_backend_optimization_level=0, xla_llvm_disable_expensive_passes=True)
 ACTIVATIONS = {"sigmoid": lambda g: 1 / (1 + np.exp(-g)),
