@@ -57,13 +57,24 @@ def test_config_paths_are_recorded_relative_to_the_repository(tmp_path):
     run_grid.check_unchanged(tmp_path, run, train_cmd, old)
 
 
-# Each worker's stand-in training: a few seconds of "steps", then one line per finished
-# attempt in the run's workdir (worker and slice named); SIGTERM ends it unfinished.
-FAKE_TRAIN = "{python} -c " + shlex.quote(
-    "import os, sys, time; from gated_attention import paths; time.sleep(3); "
-    "paths.write_atomic(sys.argv[1] + '/finished-' + os.environ['TPU_WORKER_ID'] + '-' + "
-    "str(time.time_ns()), os.environ['GCLOUD_STANDIN_VM'])").replace(
-    "{", "{{").replace("}", "}}") + " {workdir}"
+# Each worker's stand-in training: it first waits for the slice's other workers (as a real
+# multi-host run does in jax.distributed's rendezvous: no worker finishes a run alone), then a
+# few seconds of "steps", then one line per finished attempt in the run's workdir (worker and
+# slice named); SIGTERM ends it unfinished. The rendezvous folder sits beside the workers'
+# homes, so it goes with the VM: a recreated slice meets afresh.
+FAKE_TRAIN = "{python} -c " + shlex.quote("""
+import os, pathlib, sys, time
+from gated_attention import paths
+worker, workdir = os.environ["TPU_WORKER_ID"], sys.argv[1]
+meet = pathlib.Path(os.environ["HOME"]).parent / ("meet-" + workdir.rsplit("/", 1)[1])
+meet.mkdir(exist_ok=True)
+(meet / worker).touch()
+while len(list(meet.iterdir())) < int(os.environ["JAX_NUM_PROCESSES"]):
+    time.sleep(0.1)
+time.sleep(3)
+paths.write_atomic(f"{workdir}/finished-{worker}-{time.time_ns()}",
+                   os.environ["GCLOUD_STANDIN_VM"])
+""").replace("{", "{{").replace("}", "}}") + " {workdir}"
 
 
 @pytest.mark.slow

@@ -31,9 +31,11 @@ require_gcloud
 # The grid's runs as run_grid plans them (its dry run writes nothing), one config per line.
 [[ -x "$LOCAL_PYTHON" ]] || die "no Python at $LOCAL_PYTHON for the pre-flight: run" \
   "'make install-test' in this checkout, or set GATED_ATTENTION_PYTHON"
+# (--command last: a training command of the user's own, even one spanning lines, is not what
+# the pre-flight reads)
 planned="$(cd "$REPO_ROOT" && PYTHONPATH="$REPO_ROOT" "$LOCAL_PYTHON" -m experiments.run_grid \
   "$FLAG_grid" --root "${TMPDIR:-/tmp}/preflight-grid" --dry_run --no_analyze \
-  --command '{config} {overrides}' "${PASSTHROUGH[@]+"${PASSTHROUGH[@]}"}")" ||
+  "${PASSTHROUGH[@]+"${PASSTHROUGH[@]}"}" --command '{config} {overrides}')" ||
   die "the grid $FLAG_grid could not be planned with these flags (error above)"
 declare -A seen=()
 words=()
