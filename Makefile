@@ -11,7 +11,7 @@ HASH := $(shell cat setup.cfg pyproject.toml | cksum | cut -d' ' -f1)
 CORE_STAMP := $(VENV)/.core-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: install install-test demo test test-fast lint bench tables clean-venv
+.PHONY: install install-test demo test test-fast durations lint bench tables clean-venv
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,9 +56,15 @@ PYTEST := $(PY) -m pytest -q -rs -n 2 --dist=loadfile --no-loadscope-reorder --d
 test: $(TEST_STAMP) lint
 	$(PYTEST) tests
 
-# The development loop: the suite without the tests marked slow (the longer trainings).
+# The development loop: the suite without the slow tests (the trainings, and every test that
+# took over 1 s in the last measured full run: tests/durations.json).
 test-fast: $(TEST_STAMP)
 	$(PYTEST) -m "not slow" tests
+
+# Measure every test in a full run and rewrite tests/durations.json (test-fast's cut, the order).
+durations: $(TEST_STAMP)
+	$(PYTEST) --junitxml=$(VENV)/durations.xml tests
+	$(PY) tests/durations.py $(VENV)/durations.xml
 
 bench: $(CORE_STAMP)
 	$(PY) benchmarks/train_step.py

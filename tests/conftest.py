@@ -53,21 +53,35 @@ def pytest_runtest_setup(item):
 # ----------------------------------------------------------------------------- scheduling
 # `make test` runs the suite on 2 workers with `--dist loadfile --no-loadscope-reorder`: each
 # file goes whole to one worker (its module fixtures, a trained model or a grid, are built
-# once), in the order below: the files with the most slow tests first, since a slow file
-# started last leaves the other worker idle for its length. (`--dist loadgroup`, which would
-# let a file's independent tests spread, groups nothing with this pytest and xdist.)
-SLOW_WEIGHT = 20  # a slow test is over ~20 s; most others take about 1 s
+# once), in the order below: the files with the most measured time first (tests/durations.json,
+# rewritten by `make durations`), since a slow file started last leaves the other worker idle
+# for its length. (`--dist loadgroup`, which would let a file's independent tests spread,
+# groups nothing with this pytest and xdist.)
+from durations import SLOW_SECONDS  # noqa: E402
+from durations import load as load_durations  # noqa: E402
+
+DURATIONS = load_durations()
+UNMEASURED_SECONDS = 1.0  # a test new since the last measurement; most take about that
+
+
+def measured_seconds(item: pytest.Item) -> float:
+    return DURATIONS.get(item.nodeid, UNMEASURED_SECONDS)
+
+
+def pytest_itemcollected(item):
+    """A test measured over SLOW_SECONDS is slow (`make test-fast` leaves it out)."""
+    if measured_seconds(item) > SLOW_SECONDS and not item.get_closest_marker("slow"):
+        item.add_marker(pytest.mark.slow)
 
 
 @pytest.hookimpl(trylast=True)  # after deselection and pytest's fixture-driven reordering
 def pytest_collection_modifyitems(items):
-    """Heaviest files first (a slow test weighs SLOW_WEIGHT, another 1); within a file,
-    the tests keep their order."""
+    """Heaviest files first (a test weighs its measured seconds); within a file, the tests
+    keep their order."""
     weight, first = {}, {}
     for i, item in enumerate(items):
         path = item.nodeid.split("::")[0]
-        weight[path] = weight.get(path, 0) + (SLOW_WEIGHT if item.get_closest_marker("slow")
-                                              else 1)
+        weight[path] = weight.get(path, 0.0) + measured_seconds(item)
         first.setdefault(path, i)
     items.sort(key=lambda item: (-weight[item.nodeid.split("::")[0]],
                                  first[item.nodeid.split("::")[0]]))
