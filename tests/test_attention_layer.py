@@ -1,6 +1,7 @@
 """Every gate position and axis of the attention layer against the numpy formulas."""
 
 import jax.numpy as jnp
+import layer_params
 import numpy as np
 import numpy_reference as ref
 import pytest
@@ -22,17 +23,8 @@ def tiny_cfg(variant, **kw):
 
 
 def randomise(module: nnx.Module, seed: int) -> dict[str, np.ndarray]:
-    """Give every parameter random O(0.3) values (zero-init thetas and sinks included)."""
-    rng = np.random.default_rng(seed)
-    params = {}
-    for path, var in nnx.to_flat_state(nnx.state(module, nnx.Param)):
-        value = rng.normal(0.0, 0.3, var.get_value().shape)
-        if path[-1] == "scale":
-            value = 1.0 + value
-        var.set_value(jnp.asarray(value, jnp.float32))
-        key = path[0] if path[0] != "gate" else "gate"
-        params[key if path[0] not in ("q_norm", "k_norm") else path[0]] = value
-    return params
+    """Random parameters (layer_params.randomise) keyed by their module's name."""
+    return {path[0]: value for path, value in layer_params.randomise(module, seed).items()}
 
 
 @pytest.mark.parametrize("name", ATTENTION_VARIANTS)

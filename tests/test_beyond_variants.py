@@ -8,6 +8,7 @@ identity at init, XSA on a hand-built case, window masks against a hand-built ma
 
 import jax
 import jax.numpy as jnp
+import layer_params
 import numpy as np
 import numpy_reference as ref
 import pytest
@@ -29,15 +30,10 @@ def tiny_cfg(variant, **kw):
 
 
 def randomise(module: nnx.Module, seed: int) -> dict:
-    """Random O(0.3) values for every parameter, returned in numpy_reference's layout."""
-    rng = np.random.default_rng(seed)
+    """Random parameters (layer_params.randomise), returned in numpy_reference's layout."""
     params: dict = {"gates": {}}
     variant = module.cfg.variant
-    for path, var in nnx.to_flat_state(nnx.state(module, nnx.Param)):
-        value = rng.normal(0.0, 0.3, var.get_value().shape)
-        if path[-1] == "scale":
-            value = 1.0 + value
-        var.set_value(jnp.asarray(value, jnp.float32))
+    for path, value in layer_params.randomise(module, seed).items():
         if path[0].startswith("gate"):
             position = variant.gate_position if path[0] == "gate" else path[0][len("gate_"):]
             gate = params["gates"].setdefault(position, {})

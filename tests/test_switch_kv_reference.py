@@ -4,6 +4,7 @@ central differences of the same formulas. The layers run in float32, as users ru
 
 import jax
 import jax.numpy as jnp
+import layer_params
 import numpy as np
 import numpy_reference as ref
 import pytest
@@ -22,19 +23,6 @@ B, S, D = 1, 5, 16
 def tiny_cfg(name: str) -> ModelConfig:
     return ModelConfig(vocab_size=32, num_layers=1, d_model=D, num_heads=4, num_kv_heads=2,
                        head_dim=8, mlp_dim=24, variant=VARIANTS[name])
-
-
-def randomise(module: nnx.Module, seed: int) -> dict[tuple, np.ndarray]:
-    """Random O(0.3) values for every parameter (norm scales around 1), by parameter path."""
-    rng = np.random.default_rng(seed)
-    params = {}
-    for path, var in nnx.to_flat_state(nnx.state(module, nnx.Param)):
-        value = rng.normal(0.0, 0.3, var.get_value().shape)
-        if path[-1] == "scale":
-            value = 1.0 + value
-        var.set_value(jnp.asarray(value, jnp.float32))
-        params[tuple(path)] = value
-    return params
 
 
 def inputs(seed: int):
@@ -69,7 +57,7 @@ def switch_params(flat: dict[tuple, np.ndarray]) -> dict:
 def test_switch_head_attention_matches_numpy(name, experts):
     variant = VARIANTS[name]
     module = Attention(tiny_cfg(name), rngs=nnx.Rngs(params=0))
-    params = switch_params(randomise(module, seed=1))
+    params = switch_params(layer_params.randomise(module, seed=1))
     assert params["v_proj"]["experts"].shape == (experts, D, 2, 8)
     x, positions = inputs(seed=2)
     probe = np.random.default_rng(3).normal(size=(B, S, D))
@@ -111,7 +99,7 @@ def block_params(flat: dict[tuple, np.ndarray]) -> dict:
 def test_sandwich_norm_block_matches_numpy():
     variant = VARIANTS["baseline_sandwich_norm"]
     module = DecoderBlock(tiny_cfg("baseline_sandwich_norm"), rngs=nnx.Rngs(params=0))
-    params = block_params(randomise(module, seed=4))
+    params = block_params(layer_params.randomise(module, seed=4))
     assert {"post_attn_norm", "post_ffn_norm"} <= set(params)
     x, positions = inputs(seed=5)
     x = 3.0 * x  # a residual stream larger than one, so normalising the branches matters
