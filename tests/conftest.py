@@ -57,20 +57,19 @@ def pytest_runtest_setup(item):
 # rewritten by `make durations`), since a slow file started last leaves the other worker idle
 # for its length. (`--dist loadgroup`, which would let a file's independent tests spread,
 # groups nothing with this pytest and xdist.)
-from durations import SLOW_SECONDS  # noqa: E402
-from durations import load as load_durations  # noqa: E402
+import durations  # noqa: E402
 
-DURATIONS = load_durations()
-UNMEASURED_SECONDS = 1.0  # a test new since the last measurement; most take about that
+MEASURED = durations.Measured(durations.load())
 
 
-def measured_seconds(item: pytest.Item) -> float:
-    return DURATIONS.get(item.nodeid, UNMEASURED_SECONDS)
+def pytest_configure(config):
+    if os.environ.get(durations.ENV):  # `make durations`: measure this run
+        config.pluginmanager.register(durations.Recorder(os.environ[durations.ENV]))
 
 
 def pytest_itemcollected(item):
-    """A test measured over SLOW_SECONDS is slow (`make test-fast` leaves it out)."""
-    if measured_seconds(item) > SLOW_SECONDS and not item.get_closest_marker("slow"):
+    """A test measured slow (tests/durations.py) is slow: `make test-fast` leaves it out."""
+    if not item.get_closest_marker("slow") and MEASURED.is_slow(item):
         item.add_marker(pytest.mark.slow)
 
 
@@ -81,7 +80,7 @@ def pytest_collection_modifyitems(items):
     weight, first = {}, {}
     for i, item in enumerate(items):
         path = item.nodeid.split("::")[0]
-        weight[path] = weight.get(path, 0.0) + measured_seconds(item)
+        weight[path] = weight.get(path, 0.0) + MEASURED.seconds(item)
         first.setdefault(path, i)
     items.sort(key=lambda item: (-weight[item.nodeid.split("::")[0]],
                                  first[item.nodeid.split("::")[0]]))

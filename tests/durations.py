@@ -1,51 +1,114 @@
 """Measured test durations: what `make test-fast` leaves out and the order `make test` runs in.
 
-    python tests/durations.py JUNIT.xml     # rewrite tests/durations.json from a full run
-
-`make durations` runs the whole suite as `make test` does (`pytest -n 2`) with a JUnit report
-and rewrites `tests/durations.json` from it: each test's wall seconds in that run (two
-workers sharing the cores, so a test takes longer than alone). tests/conftest.py reads it:
-a test measured over SLOW_SECONDS counts as slow (besides those marked `@pytest.mark.slow`),
-and the files with the most measured time run first. A test the file does not know yet (new
-since the last measurement) counts as fast until the file is regenerated.
+`make durations` runs the whole suite as `make test` does (`pytest -n 2`) with
+GATED_ATTENTION_DURATIONS=<folder>: each worker writes there every test's wall seconds (setup,
+call and teardown) and every module- or session-scoped fixture's setup seconds, and
+`python tests/durations.py <folder>` merges them into tests/durations.json. tests/conftest.py
+reads it: a test is slow (besides those marked `@pytest.mark.slow`) if it took over
+SLOW_SECONDS, or if it uses a shared fixture whose setup did (so that leaving out the first
+test does not hand the fixture's cost to the next one); the files with the most measured time
+run first. Times are from a full run on two workers sharing the cores, so longer than a test
+alone. A test the file does not know yet (new since the last measurement) counts as fast.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
-import xml.etree.ElementTree as ET
+import time
 from pathlib import Path
 
+import pytest
+
 PATH = Path(__file__).with_name("durations.json")
+ENV = "GATED_ATTENTION_DURATIONS"
 SLOW_SECONDS = 1.0  # wall seconds in a full `-n 2` run; `make test-fast` leaves these out
+UNMEASURED_SECONDS = 1.0  # the weight of a test new since the last measurement
 
 
-def from_junit(report: Path) -> dict[str, float]:
-    """{node id: wall seconds} from a pytest JUnit XML report."""
-    durations = {}
-    for case in ET.parse(report).getroot().iter("testcase"):
-        path = case.get("classname").replace(".", "/") + ".py"
-        durations[f"{path}::{case.get('name')}"] = round(float(case.get("time")), 2)
-    return durations
+def load() -> dict[str, dict[str, float]]:
+    data = json.loads(PATH.read_text()) if PATH.exists() else {}
+    return {"tests": data.get("tests", {}), "fixtures": data.get("fixtures", {})}
 
 
-def load() -> dict[str, float]:
-    return json.loads(PATH.read_text())["seconds"] if PATH.exists() else {}
+def fixture_key(fixturedef: pytest.FixtureDef) -> str:
+    """A shared fixture by where it is defined: `tests/test_x.py::name` or `tests::name`."""
+    return f"{fixturedef.baseid or 'tests'}::{fixturedef.argname}"
+
+
+class Measured:
+    """The slow rule and the file weights, from tests/durations.json."""
+
+    def __init__(self, data: dict[str, dict[str, float]]) -> None:
+        self.tests, self.fixtures = data["tests"], data["fixtures"]
+
+    def seconds(self, item: pytest.Item) -> float:
+        return self.tests.get(item.nodeid, UNMEASURED_SECONDS)
+
+    def is_slow(self, item: pytest.Item) -> bool:
+        if self.seconds(item) > SLOW_SECONDS:
+            return True
+        definitions = getattr(item, "_fixtureinfo", None)
+        for defs in (definitions.name2fixturedefs.values() if definitions else ()):
+            if defs and defs[-1].scope in ("module", "package", "session") and self.fixtures.get(
+                    fixture_key(defs[-1]), 0.0) > SLOW_SECONDS:
+                return True
+        return False
+
+
+class Recorder:
+    """A pytest plugin (registered by tests/conftest.py when $GATED_ATTENTION_DURATIONS is
+    set) that writes this worker's measurements into that folder."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder, self.tests, self.fixtures = Path(folder), {}, {}
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        start = time.perf_counter()
+        yield
+        if fixturedef.scope in ("module", "package", "session"):
+            self.fixtures[fixture_key(fixturedef)] = round(time.perf_counter() - start, 2)
+
+    def pytest_runtest_logreport(self, report):
+        self.tests[report.nodeid] = round(self.tests.get(report.nodeid, 0.0) + report.duration,
+                                          2)
+
+    def pytest_sessionfinish(self, session):
+        self.folder.mkdir(parents=True, exist_ok=True)
+        name = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        (self.folder / f"{name}.json").write_text(
+            json.dumps({"tests": self.tests, "fixtures": self.fixtures}))
+
+
+def merge(folder: Path) -> dict[str, dict[str, float]]:
+    merged: dict[str, dict[str, float]] = {"tests": {}, "fixtures": {}}
+    for part in sorted(folder.glob("*.json")):
+        data = json.loads(part.read_text())
+        for kind in merged:
+            for key, seconds in data[kind].items():  # a fixture per worker: the longest
+                merged[kind][key] = max(seconds, merged[kind].get(key, 0.0))
+    return merged
 
 
 def main(argv: list[str]) -> None:
     if len(argv) != 1:
-        sys.exit("usage: python tests/durations.py JUNIT.xml")
-    durations = from_junit(Path(argv[0]))
-    total = sum(durations.values())
+        sys.exit("usage: python tests/durations.py FOLDER  (written by a run with "
+                 f"{ENV}=FOLDER)")
+    merged = merge(Path(argv[0]))
+    if not merged["tests"]:
+        sys.exit(f"no measurements in {argv[0]}")
+    total = sum(merged["tests"].values())
     PATH.write_text(json.dumps({
-        "about": "wall seconds per test in one full `pytest -n 2` run; `make durations` "
-                 "rewrites this file",
-        "tests": len(durations), "total_seconds": round(total),
-        "seconds": dict(sorted(durations.items()))}, indent=0) + "\n")
-    slow = sum(1 for s in durations.values() if s > SLOW_SECONDS)
-    print(f"{PATH}: {len(durations)} tests, {total:.0f} s in all; {slow} over {SLOW_SECONDS} s")
+        "about": "wall seconds per test (setup, call, teardown) and per shared fixture's "
+                 "setup, in one full `pytest -n 2` run; `make durations` rewrites this file",
+        "total_seconds": round(total),
+        "tests": dict(sorted(merged["tests"].items())),
+        "fixtures": dict(sorted(merged["fixtures"].items()))}, indent=0) + "\n")
+    slow = sum(1 for s in merged["tests"].values() if s > SLOW_SECONDS)
+    print(f"{PATH}: {len(merged['tests'])} tests, {total:.0f} s in all; {slow} over "
+          f"{SLOW_SECONDS} s")
 
 
 if __name__ == "__main__":
