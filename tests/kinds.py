@@ -40,9 +40,23 @@ REGISTRY: dict[str, tuple[str, dict[str, str]]] = {
         "test_check_retries_a_case_that_fails_with_small_tiles": "golden",
         "test_packed_rows_count_each_document_not_the_whole_row": "independent",
         "test_xla_is_not_timed_at_16k_and_triton_mha_not_with_gqa": "golden"}),
+    "test_beyond_variants": ("independent", {
+        "test_two_sigmoid_zero_init_is_the_ungated_layer_at_init": "two_paths",
+        "test_bias_starts_at_its_init_value": "golden",
+        "test_windowed_chunked_gradients_match_reference": "two_paths",
+        "test_an_implementation_without_windows_names_those_with_them": "error_message",
+        "test_bad_combinations_raise_naming_the_field": "error_message",
+        "test_gate_input_wider_than_the_model_is_refused": "error_message"}),
     "test_chunked_attention": ("two_paths", {
         "test_memory_stays_linear_in_length": "independent",
         "test_bad_arguments_are_refused": "error_message"}),
+    "test_chunked_loss": ("independent", {
+        "test_reported_parts_match_the_plain_loss": "two_paths",
+        "test_train_loss_and_gradients_match_the_plain_loss": "two_paths",
+        "test_bad_chunk_sizes_are_refused_naming_the_field": "error_message",
+        "test_paper_recipes_chunk_the_loss": "golden"}),
+    "test_compiled_step": ("smoke", {
+        "test_extrapolated_flops_and_bytes_match_the_whole_compile": "two_paths"}),
     "test_config": ("error_message", {"test_default_configs_validate": "smoke"}),
     "test_configs": ("error_message", {
         "test_config_file_validates_with_its_defaults": "smoke",
@@ -65,10 +79,16 @@ REGISTRY: dict[str, tuple[str, dict[str, str]]] = {
         "test_block_reader_sees_indented_blocks_and_info_strings": "independent",
         "test_numbers_beside_runnable_blocks_are_what_they_print": "golden",
         "test_documents_speak_of_the_project_only": "golden"}),
+    "test_errors": ("error_message", {"test_every_user_error_class_is_a_user_error": "golden"}),
     "test_evaluate_length": ("golden", {
         "test_perplexity_at_the_training_length_is_the_analysis_perplexity": "two_paths",
         "test_task_scores_come_from_the_predictions_at_the_answer": "independent",
         "test_bad_arguments_are_refused_before_anything_is_written": "error_message"}),
+    "test_eviction": ("independent", {
+        "test_window_without_kept_tokens_is_sliding_window_attention": "two_paths",
+        "test_generation_with_a_big_enough_window_is_unchanged": "two_paths",
+        "test_bad_eviction_settings_name_the_field": "error_message",
+        "test_eviction_eval_refuses_bad_windows_before_loading": "error_message"}),
     "test_faults": ("two_paths", {
         "test_damaged_checkpoints_are_reported_moved_aside_and_skipped": "golden",
         "test_checkpoints_verify_what_they_read_and_never_hold_non_finite_values":
@@ -78,11 +98,34 @@ REGISTRY: dict[str, tuple[str, dict[str, str]]] = {
         "test_skip_mode_drops_bad_updates_and_finishes_finite": "golden",
         "test_a_diverging_learning_rate_stops_after_max_skipped": "error_message",
         "test_a_live_run_holds_its_workdir_and_a_stale_lock_is_taken_over": "error_message"}),
+    "test_first_hour": ("golden", {
+        "test_the_readmes_python_example_defines_every_name_it_uses": "smoke",
+        "test_the_inspect_notebook_finds_a_run_in_the_folder_make_demo_writes":
+            "error_message"}),
+    "test_flags": ("golden", {}),
     "test_flash_gate_backward": ("independent", {
         "test_forward_writes_the_ungated_output_only_when_the_backward_needs_it": "golden"}),
+    "test_gate_live": ("smoke", {
+        "test_scanned_and_per_layer_models": "two_paths",
+        "test_every_attention_kernel_applies_the_fused_gate": "two_paths",
+        "test_the_identity_gate_reproduces_the_ungated_model": "two_paths"}),
     "test_generate": ("two_paths", {
         "test_top_p_keeps_the_smallest_nucleus": "independent",
         "test_bad_arguments_are_refused": "error_message"}),
+    "test_gpu_compile": ("smoke", {
+        "test_every_gpu_row_of_the_tile_table_is_compiled_above": "golden",
+        "test_a_tile_row_over_the_gpus_shared_memory_fails_to_compile": "error_message",
+        "test_cudnn_is_refused_what_the_a100_cannot_do": "error_message",
+        "test_segment_conversion_matches_a_hand_built_case": "independent",
+        "test_packed_cudnn_refuses_what_it_cannot_serve": "error_message",
+        "test_row_groups_cover_every_gpu_row": "golden"}),
+    "test_gpu_preflight": ("independent", {
+        "test_unknown_gpu_names_and_bad_hosts_are_refused_with_the_known_ones": "error_message",
+        "test_cli_refuses_an_unknown_gpu_in_one_line_before_compiling": "error_message",
+        "test_tiny_train_step_compiles_for_8_gpus_of_2_hosts_with_triton_kernels": "smoke",
+        "test_gpu_report_dump_and_verdicts": "golden"}),
+    "test_grid_slices": ("independent", {
+        "test_config_paths_are_recorded_relative_to_the_repository": "golden"}),
     "test_grids": ("golden", {
         "test_every_grid_loads_at_every_scale": "smoke",
         "test_paper_grids_cover_every_table_row": "independent",
@@ -98,16 +141,28 @@ REGISTRY: dict[str, tuple[str, dict[str, str]]] = {
     "test_hf_convert": ("independent", {
         "test_continued_training_starts_from_the_imported_weights": "two_paths",
         "test_convert_refuses_before_writing": "error_message"}),
+    "test_hf_qwen3_next": ("independent", {
+        "test_round_trip_is_bit_exact": "two_paths",
+        "test_export_refuses_what_a_layout_cannot_hold": "error_message",
+        "test_what_the_model_cannot_reproduce_is_refused_in_one_line": "error_message",
+        "test_an_mtp_head_in_the_weights_is_refused": "error_message",
+        "test_the_new_model_fields_are_checked_in_one_line": "error_message"}),
     "test_init_from": ("two_paths", {
         "test_bad_sources_are_refused_before_anything_is_written": "error_message"}),
     "test_inspect": ("independent", {
         "test_cli_prints_json": "smoke",
         "test_cli_rejects_unknown_variant_with_allowed_names": "error_message"}),
+    "test_intervene": ("independent", {
+        "test_scale_one_leaves_logits_bitwise_equal": "two_paths",
+        "test_bad_interventions_name_the_flag": "error_message",
+        "test_intervene_on_a_trained_run_writes_a_new_folder_and_changes_nothing": "two_paths"}),
     "test_layering": ("golden", {
         "test_cycle_finder_finds_a_planted_cycle": "independent",
         "test_import_reader_sees_lazy_and_relative_imports": "independent",
         "test_import_reader_counts_type_only_imports": "independent",
         "test_an_upward_import_fails_the_floor_check": "independent"}),
+    "test_lr_sweep": ("golden", {
+        "test_bad_multipliers_are_refused_naming_the_flag": "error_message"}),
     "test_model": ("independent", {
         "test_every_variant_runs_forward_and_backward_and_is_causal": "smoke",
         "test_packed_sequences_match_separate_sequences": "two_paths"}),
@@ -122,6 +177,8 @@ REGISTRY: dict[str, tuple[str, dict[str, str]]] = {
     "test_ops_dispatch": ("golden", {"test_model_on_pallas_gpu_matches_xla": "two_paths"}),
     "test_optim": ("independent", {
         "test_weight_decay_skips_norms_vectors_and_gate_theta": "golden"}),
+    "test_paired_stats": ("independent", {
+        "test_significant_difference_needs_no_more_seeds": "golden"}),
     "test_pallas_gpu": ("two_paths", {
         "test_lowers_to_triton": "smoke", "test_bad_input_is_refused": "error_message"}),
     "test_pallas_sharded": ("two_paths", {
@@ -135,16 +192,35 @@ REGISTRY: dict[str, tuple[str, dict[str, str]]] = {
         "test_training_configuration_compiles_for_a_tpu": "smoke",
         "test_compiles_for_tpu_generations": "smoke",
         "test_bad_input_is_refused": "error_message"}),
+    "test_pallas_windows": ("two_paths", {
+        "test_block_ranges_are_the_tiles_the_hand_built_window_mask_touches": "independent",
+        "test_the_tpu_grid_is_shortened_to_the_blocks_a_window_can_touch": "independent",
+        "test_unmasked_tiles_lie_wholly_inside_the_window": "independent",
+        "test_cost_estimate_counts_only_the_pairs_inside_the_window": "independent",
+        "test_window_is_refused_with_the_implementations_that_serve_it": "error_message",
+        "test_auto_takes_a_pallas_kernel_for_a_window_where_it_is_the_first_that_serves_it":
+            "golden",
+        "test_windowed_kernel_compiles_for_a_tpu_forward_and_backward": "smoke",
+        "test_windowed_kernel_compiles_for_an_h200_forward_and_backward": "smoke"}),
     "test_passkey_training": ("independent", {
         "test_passkey_source_serves_each_host_its_rows_of_the_global_batch": "two_paths",
         "test_a_passkey_run_trains_is_scored_at_length_and_bad_fields_are_named": "independent"}),
     "test_paths": ("golden", {}),
+    "test_platform_choice": ("smoke", {
+        "test_a_process_wide_target_traces_once_for_it": "error_message",
+        "test_the_same_function_interprets_on_this_cpu_and_matches_float64": "independent",
+        "test_kernels_cached_in_one_trace_serve_the_next": "independent"}),
     "test_plots": ("smoke", {}),
+    "test_pod_shapes": ("independent", {
+        "test_type_check_command_for_create": "error_message",
+        "test_preflight_compiles_the_tiny_config_for_two_slices": "error_message"}),
     "test_preflight": ("independent", {
         "test_unknown_accelerator_names_are_refused_with_the_known_ones": "error_message",
         "test_cli_refuses_bad_input_in_one_line_before_compiling": "error_message",
         "test_report_dump_and_verdict": "golden"}),
     "test_progress_log": ("independent", {}),
+    "test_records": ("golden", {
+        "test_tables_are_rebuilt_from_records_with_command_commit_and_seeds": "independent"}),
     "test_reference_attention": ("independent", {
         "test_gqa_equals_mha_with_repeated_kv_heads": "two_paths",
         "test_packed_segments_do_not_attend_across_boundaries": "two_paths",
@@ -158,9 +234,13 @@ REGISTRY: dict[str, tuple[str, dict[str, str]]] = {
         "test_base_change_equals_plain_rope_with_the_new_base": "two_paths",
         "test_factor_one_is_the_identity": "two_paths",
         "test_config_builds_the_scaling_and_rejects_bad_fields": "error_message"}),
+    "test_run_checks": ("error_message", {
+        "test_a_buildable_run_reports_its_training_tokens_as_sentencepiece_counts_them":
+            "independent"}),
     "test_scan_layers": ("two_paths", {
         "test_paper_archs_scan_by_default_and_small_ones_do_not": "golden",
         "test_the_scanned_program_does_not_grow_with_depth": "independent"}),
+    "test_seeds": ("two_paths", {"test_bad_telemetry_interval_names_the_field": "error_message"}),
     "test_seqio": ("two_paths", {
         "test_a_users_task_module_is_imported_and_brings_its_vocabulary": "error_message",
         "test_c4_task_registers_without_download": "smoke",
@@ -176,9 +256,18 @@ REGISTRY: dict[str, tuple[str, dict[str, str]]] = {
         "test_bad_task_settings_are_one_line_errors": "error_message",
         "test_sink_tiny_defaults_to_the_task": "golden",
         "test_sink_summary_of_a_two_row_grid": "golden"}),
+    "test_supervisor": ("golden", {
+        "test_bad_supervisor_flags_are_refused_in_one_line": "error_message",
+        "test_a_supervised_run_preempted_twice_finishes_by_itself_as_if_uninterrupted":
+            "two_paths",
+        "test_one_worker_killed_the_other_ends_with_its_stack_and_the_run_is_restarted":
+            "two_paths"}),
     "test_table5": ("golden", {
         "test_every_scale_is_defined": "smoke",
         "test_the_pass_key_grid_trains_and_scores_pass_keys": "smoke"}),
+    "test_telemetry": ("two_paths", {
+        "test_a_run_writes_telemetry_and_its_record": "golden",
+        "test_emergence_step_is_the_first_point_at_three_times_uniform": "independent"}),
     "test_tpu_scripts": ("golden", {
         "test_every_script_is_shellcheck_clean": "smoke",
         "test_every_script_names_a_missing_setting": "error_message",
@@ -194,10 +283,13 @@ REGISTRY: dict[str, tuple[str, dict[str, str]]] = {
         "test_spike_rule": "independent",
         "test_data_files_in_a_bucket": "smoke",
         "test_micro_batched_eval_of_a_scanned_model_traces": "smoke"}),
+    "test_train_command": ("golden", {}),
     "test_variants": ("error_message", {
         "test_every_paper_row_is_registered_under_its_table_name": "independent",
         "test_registry_fields": "golden",
         "test_gate_position_aliases": "golden"}),
+    "test_watchdog": ("golden", {
+        "test_a_negative_timeout_is_refused_in_one_line": "error_message"}),
 }
 
 UNCLASSIFIED = "unclassified"

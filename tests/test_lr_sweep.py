@@ -42,6 +42,7 @@ def test_run_grid_dry_run_lists_the_swept_runs(tmp_path, capsys):
     with pytest.raises(SystemExit):
         run_grid.main([str(SINKS_CPU), "--root", str(tmp_path), "--lr_multipliers", "0",
                        "--dry_run"])
+    assert "--lr_multipliers='0' must be numbers > 0, e.g. 0.5,1,2,4,8" in capsys.readouterr().err
 
 
 def test_summary_names_best_and_largest_stable_rate(tmp_path):

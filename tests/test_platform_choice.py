@@ -143,7 +143,7 @@ def test_the_same_function_interprets_on_this_cpu_and_matches_float64(monkeypatc
 def test_explicit_interpret_false_is_never_overridden():
     q = jnp.zeros((1, 32, 2, 32), jnp.float32)
     f = jax.jit(lambda q: ops.attention(q, q, q, impl="pallas_gpu", interpret=False))
-    with pytest.raises(Exception, match="(?i)interpret|cpu|triton|not supported"):
+    with pytest.raises(ValueError, match="Only interpret mode is supported on CPU"):
         f.lower(q).compile()  # the real Triton kernel for a CPU: refused, not interpreted
     text = jax.jit(lambda q: ops.attention(q, q, q, impl="pallas_tpu", interpret=False)).trace(
         q).lower(lowering_platforms=("tpu",)).as_text()

@@ -331,16 +331,12 @@ def test_a_supervised_run_preempted_twice_finishes_by_itself_as_if_uninterrupted
     for got, want in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), reference_params,
                          strict=True):
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
-    times = {r["action"]: r["elapsed_s"] for r in log}
     print(f"preemptions: {first} {second}; events: {json.dumps(log)}")
-    del times
-    # Workers' logs in the bucket: launch.sh runs main.py under gated_attention.pods.worker_log
-    # once the scripts are wired for it; until then this checkout's launch.sh keeps them on the
-    # workers only, and this assertion waits for that wiring (it switches on by itself).
-    if "worker_log" in (REPO / "tpu_scripts" / "launch.sh").read_text():
-        for worker in (0, 1):
-            text = bucket_objects(f"{run_dir}/logs")
-            assert any(p.endswith(f"worker-{worker}.log") for p in text), text
+    # Each worker's log is copied into the bucket as it runs (launch.sh runs main.py under
+    # gated_attention.pods.worker_log).
+    text = bucket_objects(f"{run_dir}/logs")
+    for worker in (0, 1):
+        assert any(p.endswith(f"worker-{worker}.log") for p in text), text
 
 
 @pytest.mark.slow

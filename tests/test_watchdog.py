@@ -7,7 +7,6 @@ the supervisor relaunching) is in tests/test_supervisor.py.
 import io
 import subprocess
 import sys
-import threading
 import time
 from contextlib import redirect_stderr
 
@@ -62,7 +61,6 @@ def test_rearming_keeps_it_quiet_and_one_host_has_none():
     assert not watchdog.for_run(train, process_count=1).enabled
     several = watchdog.for_run(train, process_count=2)
     assert (several.timeout, several.first_timeout) == (900.0, 3600.0)
-    assert threading.active_count() >= 1
 
 
 @pytest.mark.parametrize("field", ["step_timeout_s", "first_step_timeout_s"])
