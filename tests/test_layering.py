@@ -190,11 +190,14 @@ def test_import_reader_sees_lazy_and_relative_imports(tmp_path):
     assert external == {"json"}
 
 
+# A module that imports the run config for type hints only.
+TYPE_ONLY_IMPORT = ("from typing import TYPE_CHECKING\n"
+                    "if TYPE_CHECKING:\n    from gated_attention.config_lib import ModelConfig\n")
+
+
 def test_import_reader_counts_type_only_imports(tmp_path):
-    source = ("from typing import TYPE_CHECKING\n"
-              "if TYPE_CHECKING:\n    from gated_attention.config_lib import ModelConfig\n")
     path = tmp_path / "mod.py"
-    path.write_text(source)
+    path.write_text(TYPE_ONLY_IMPORT)
     modules = {"gated_attention.x.mod", "gated_attention.config_lib"}
     project, _ = imports_of("gated_attention.x.mod", path, modules)
     assert project == {"gated_attention.config_lib"}
@@ -202,10 +205,8 @@ def test_import_reader_counts_type_only_imports(tmp_path):
 
 def test_an_upward_import_fails_the_floor_check(tmp_path):
     """Negative control: a layer naming the run config (even for a type only) is caught."""
-    source = ("from typing import TYPE_CHECKING\n"
-              "if TYPE_CHECKING:\n    from gated_attention.config_lib import ModelConfig\n")
     path = tmp_path / "attention.py"
-    path.write_text(source)
+    path.write_text(TYPE_ONLY_IMPORT)
     name = "gated_attention.layers.attention"
     project, _ = imports_of(name, path, set(package_modules()))
     assert upward_arrows({name: project}) == [
