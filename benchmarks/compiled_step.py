@@ -34,7 +34,8 @@ Pallas kernel's work (splash attention is a custom call without a cost estimate)
 XLA cost analysis of such a step.
 
 GB here are 1e9 bytes. These are the compiler's figures (its memory plan and its traffic
-estimate), not measurements on a TPU. --json prints the figures as JSON; --cost_only skips
+estimate), not measurements on a TPU. --json prints the figures as JSON; --hlo_dir writes
+the optimized HLO of every program compiled; --cost_only skips
 the full step's compile (memory), for FLOPs and bytes alone.
 """
 
@@ -186,8 +187,8 @@ def format_table(results: dict[str, dict[str, Any]]) -> str:
                                for i, (c, w) in enumerate(zip(r, width))) for r in rows)
 
 
-def run(config: Any, accelerator: str, variants: list[str], cost_only: bool = False
-        ) -> dict[str, Any]:
+def run(config: Any, accelerator: str, variants: list[str], cost_only: bool = False,
+        hlo_dir: str = "") -> dict[str, Any]:
     from gated_attention import config_lib
     from gated_attention.preflight import parse_target, tpu_mesh
 
@@ -197,7 +198,12 @@ def run(config: Any, accelerator: str, variants: list[str], cost_only: bool = Fa
     for variant in variants:
         one = variant_config(config, variant)
         config_lib.validate_run_config(one)
-        results[variant] = measure(one, mesh, cost_only=cost_only)
+        hlo: dict[str, str] = {}
+        results[variant] = measure(one, mesh, hlo, cost_only=cost_only)
+        if hlo_dir:
+            Path(hlo_dir).mkdir(parents=True, exist_ok=True)
+            for name, text in hlo.items():
+                (Path(hlo_dir) / f"{variant}.{name}.hlo.txt").write_text(text)
     return results
 
 
@@ -217,7 +223,8 @@ def main(argv: list[str]) -> None:
         if gpu_targets.is_gpu_accelerator(FLAGS.accelerator):
             raise config_lib.ConfigError(f"--accelerator={FLAGS.accelerator}: this benchmark "
                                          "compiles for TPU slices (XLA:GPU has no cost analysis)")
-        results = run(FLAGS.config, FLAGS.accelerator, variants, FLAGS.cost_only)
+        results = run(FLAGS.config, FLAGS.accelerator, variants, FLAGS.cost_only,
+                      FLAGS.hlo_dir)
     except (config_lib.ConfigError, ValueError) as err:
         sys.exit(f"compiled_step error: {err}")
     config = FLAGS.config
@@ -250,5 +257,7 @@ if __name__ == "__main__":
                         "(default: the config's).")
     flags.DEFINE_bool("json", False, "Print JSON instead of a table.")
     flags.DEFINE_bool("cost_only", False, "Compile only U1 and U2 (FLOPs and bytes; no memory).")
+    flags.DEFINE_string("hlo_dir", "", "Write each program's optimized HLO here "
+                        "(<variant>.<full|u1|u2>.hlo.txt).")
     flags.mark_flags_as_required(["config"])
     app.run(main, flags_parser=parse_flags)

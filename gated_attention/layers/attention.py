@@ -123,10 +123,13 @@ class Attention(nnx.Module):
         q = self._gate_at("query", self._project(self.q_proj, x, "q_bias"), x)
         k = self._gate_at("key", self._project(self.k_proj, x, "k_bias"), x)
         v = self._gate_at("value", self._project(self.v_proj, x, "v_bias"), x)
+        # QK-norm and RoPE in float32, one rounding to the compute dtype after both.
+        rope = dict(base=cfg.rope_base, scaling=cfg.rope_scaling, rotary_dim=cfg.rotary_dim)
         if cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q, positions, cfg.rope_base, cfg.rope_scaling, cfg.rotary_dim)
-        k = apply_rope(k, positions, cfg.rope_base, cfg.rope_scaling, cfg.rotary_dim)
+            q = self.q_norm.normalize_and_rotate(q, positions, **rope)
+            k = self.k_norm.normalize_and_rotate(k, positions, **rope)
+        else:
+            q, k = apply_rope(q, positions, **rope), apply_rope(k, positions, **rope)
         sink = self.sink_logits[...] if variant.normalizer == "learned_sink" else None
         if self.gate is not None and "gate_scores" in capture:
             self.sow(nnx.Intermediate, "gate_scores", self.gate.scores(x))

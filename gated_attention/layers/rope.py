@@ -111,11 +111,17 @@ def attention_factor(scaling: RopeScaling = NO_SCALING) -> float:
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10_000.0,
-               scaling: RopeScaling = NO_SCALING, rotary_dim: int | None = None) -> jax.Array:
+               scaling: RopeScaling = NO_SCALING, rotary_dim: int | None = None,
+               dtype: jnp.dtype | None = None, channel_scale: jax.Array | None = None,
+               row_scale: jax.Array | None = None) -> jax.Array:
     """Rotate x [b, s, heads, d] by the angle of each token's position [b, s].
 
     rotary_dim: rotate only the first rotary_dim channels (half-split within them, frequencies
     computed for rotary_dim as Qwen3-Next's partial rotary does); the rest pass unchanged.
+    dtype: of the result (default x's). channel_scale [d] and row_scale [b, s, heads, 1]
+    multiply x first (QK-norm's weight and 1 / rms, `RMSNorm.normalize_and_rotate`). All in
+    float32 from x's channel slices, rounded once: the compiler then fuses the norm into the
+    rotation and stores no float32 copy of q or k.
     """
     d = x.shape[-1]
     rotary_dim = d if rotary_dim is None else rotary_dim
@@ -124,9 +130,18 @@ def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10_000.0,
     mscale = attention_factor(scaling)
     sin = (jnp.sin(angles) * mscale)[:, :, None, :]
     cos = (jnp.cos(angles) * mscale)[:, :, None, :]
-    x32 = x.astype(jnp.float32)
-    x1, x2 = jnp.split(x32[..., :rotary_dim], 2, axis=-1)
+
+    def channels(start: int, stop: int) -> jax.Array:
+        part = x[..., start:stop].astype(jnp.float32)
+        if row_scale is not None:
+            part = part * row_scale
+        if channel_scale is not None:
+            part = part * channel_scale[start:stop].astype(jnp.float32)
+        return part
+
+    half = rotary_dim // 2
+    x1, x2 = channels(0, half), channels(half, rotary_dim)
     rotated = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
     if rotary_dim < d:
-        rotated.append(x32[..., rotary_dim:])
-    return jnp.concatenate(rotated, axis=-1).astype(x.dtype)
+        rotated.append(channels(rotary_dim, d))
+    return jnp.concatenate(rotated, axis=-1).astype(x.dtype if dtype is None else dtype)
