@@ -60,6 +60,11 @@ GB = 1e9
 WHILE_OP = re.compile(r" while\(.*?condition=%?([\w.\-]+)")
 TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 SCALAR_BOUND = re.compile(r"= s32\[\]\S* constant\((\d+)\)")
+COMPUTATION = re.compile(r"^(?:ENTRY )?%(\S+) ")
+INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.*)$")
+ARRAY_SHAPE = re.compile(r"\b([a-z]+\d*\[[\d,]*\])")
+FUSION_CALL = re.compile(r"calls=%([\w.\-]+)")
+OP_NAME = re.compile(r'op_name="([^"]*)"')
 
 
 def variant_config(config: Any, variant: str) -> Any:
@@ -102,6 +107,53 @@ def loops(hlo_text: str) -> list[int]:
         else:
             counts.append(int(trip.group(1)))
     return counts
+
+
+def _computations(hlo_text: str) -> dict[str, list[str]]:
+    """The optimized HLO's computations by name, each as its instruction lines."""
+    out: dict[str, list[str]] = {}
+    name = None
+    for line in hlo_text.splitlines():
+        header = COMPUTATION.match(line)
+        if header and line.rstrip().endswith("{"):
+            name = header.group(1)
+            out[name] = []
+        elif line.startswith("}"):
+            name = None
+        elif name is not None:
+            out[name].append(line)
+    return out
+
+
+def _result_shapes(rest: str) -> list[str]:
+    """The array shapes an instruction produces ("f32[2,256,4,32]"; a tuple gives several)."""
+    if not rest.startswith("("):
+        return ARRAY_SHAPE.findall(rest.split(" ", 1)[0])
+    depth = 0
+    for end, char in enumerate(rest):
+        depth += (char == "(") - (char == ")")
+        if depth == 0:
+            return ARRAY_SHAPE.findall(rest[:end + 1])
+    return []
+
+
+def stored_arrays(hlo_text: str) -> list[tuple[str, str, str]]:
+    """(instruction, shape, jax op name) of every array an unfused instruction of the
+    optimized HLO produces: what the program writes to memory between its fusions
+    (instructions inside a fusion's computation stay on chip)."""
+    fused = set(FUSION_CALL.findall(hlo_text))
+    out = []
+    for name, lines in _computations(hlo_text).items():
+        if name in fused:
+            continue
+        for line in lines:
+            match = INSTRUCTION.match(line)
+            if match is None:
+                continue
+            op_name = OP_NAME.search(line)
+            for shape in _result_shapes(match.group(2)):
+                out.append((match.group(1), shape, op_name.group(1) if op_name else ""))
+    return out
 
 
 def figures(step: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ gives the formulas.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -110,6 +111,27 @@ def attention_factor(scaling: RopeScaling = NO_SCALING) -> float:
     return 0.1 * math.log(scaling.factor) + 1.0
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def rounded_cotangent(x: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    """x unchanged; its cotangent rounded to `dtype` on the way back.
+
+    Between QK-norm and RoPE: the backward then hands the norm's backward the rotated-back
+    gradient in the compute dtype (as a norm whose output is stored in that dtype does),
+    so the compiler stores no float32 copy of it for the norm's two reductions."""
+    return x
+
+
+def _rounded_cotangent_fwd(x: jax.Array, dtype: jnp.dtype) -> tuple[jax.Array, None]:
+    return x, None
+
+
+def _rounded_cotangent_bwd(dtype: jnp.dtype, _: None, g: jax.Array) -> tuple[jax.Array]:
+    return (g.astype(dtype).astype(g.dtype),)
+
+
+rounded_cotangent.defvjp(_rounded_cotangent_fwd, _rounded_cotangent_bwd)
+
+
 def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10_000.0,
                scaling: RopeScaling = NO_SCALING, rotary_dim: int | None = None,
                dtype: jnp.dtype | None = None, channel_scale: jax.Array | None = None,
@@ -133,11 +155,13 @@ def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10_000.0,
 
     def channels(start: int, stop: int) -> jax.Array:
         part = x[..., start:stop].astype(jnp.float32)
+        if row_scale is None and channel_scale is None:
+            return part
         if row_scale is not None:
             part = part * row_scale
         if channel_scale is not None:
             part = part * channel_scale[start:stop].astype(jnp.float32)
-        return part
+        return rounded_cotangent(part, x.dtype)
 
     half = rotary_dim // 2
     x1, x2 = channels(0, half), channels(half, rotary_dim)
