@@ -65,6 +65,7 @@ INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.*)$")
 ARRAY_SHAPE = re.compile(r"\b([a-z]+\d*\[[\d,]*\])")
 FUSION_CALL = re.compile(r"calls=%([\w.\-]+)")
 OP_NAME = re.compile(r'op_name="([^"]*)"')
+VIEWS = ("bitcast", "get-tuple-element", "tuple", "parameter", "constant", "copy-done")
 
 
 def variant_config(config: Any, variant: str) -> Any:
@@ -118,29 +119,32 @@ def _computations(hlo_text: str) -> dict[str, list[str]]:
         if header and line.rstrip().endswith("{"):
             name = header.group(1)
             out[name] = []
-        elif line.startswith("}"):
+        elif line.rstrip() == "}":  # (a kernel's attributes may span lines opening "}}")
             name = None
         elif name is not None:
             out[name].append(line)
     return out
 
 
-def _result_shapes(rest: str) -> list[str]:
-    """The array shapes an instruction produces ("f32[2,256,4,32]"; a tuple gives several)."""
+def _result(rest: str) -> tuple[list[str], str]:
+    """The array shapes an instruction produces ("f32[2,256,4,32]"; a tuple gives several)
+    and its opcode, from the text after its " = "."""
     if not rest.startswith("("):
-        return ARRAY_SHAPE.findall(rest.split(" ", 1)[0])
+        shape, _, tail = rest.partition(" ")
+        return ARRAY_SHAPE.findall(shape), tail.split("(", 1)[0]
     depth = 0
     for end, char in enumerate(rest):
         depth += (char == "(") - (char == ")")
         if depth == 0:
-            return ARRAY_SHAPE.findall(rest[:end + 1])
-    return []
+            return ARRAY_SHAPE.findall(rest[:end + 1]), rest[end + 1:].strip().split("(", 1)[0]
+    return [], ""
 
 
 def stored_arrays(hlo_text: str) -> list[tuple[str, str, str]]:
     """(instruction, shape, jax op name) of every array an unfused instruction of the
-    optimized HLO produces: what the program writes to memory between its fusions
-    (instructions inside a fusion's computation stay on chip)."""
+    optimized HLO writes: what the program stores in memory between its fusions
+    (instructions inside a fusion's computation stay on chip; views such as bitcast and
+    get-tuple-element write nothing)."""
     fused = set(FUSION_CALL.findall(hlo_text))
     out = []
     for name, lines in _computations(hlo_text).items():
@@ -150,9 +154,12 @@ def stored_arrays(hlo_text: str) -> list[tuple[str, str, str]]:
             match = INSTRUCTION.match(line)
             if match is None:
                 continue
+            shapes, opcode = _result(match.group(2))
+            if opcode in VIEWS:
+                continue
             op_name = OP_NAME.search(line)
-            for shape in _result_shapes(match.group(2)):
-                out.append((match.group(1), shape, op_name.group(1) if op_name else ""))
+            out += [(match.group(1), shape, op_name.group(1) if op_name else "")
+                    for shape in shapes]
     return out
 
 
