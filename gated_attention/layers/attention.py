@@ -106,25 +106,6 @@ class Attention(nnx.Module):
         y = jnp.einsum("bsD,Dhd->bshd", x, cast(proj, self.cfg.compute_dtype))
         return y + cast(getattr(self, bias), y.dtype) if self.cfg.qkv_bias and bias else y
 
-    def _packs_gate_with_query(self) -> bool:
-        """G1's projection runs with q_proj's as one matmul: a plain `X W` gate over the
-        whole X with q_proj's kernel shape [D, heads, d], and a plain q_proj."""
-        gate = self.gate
-        return (gate is not None and self.cfg.variant.gate_position == "sdpa"
-                and gate.packs_with_query and gate.input_width == self.cfg.d_model
-                and gate.dtype == self.cfg.compute_dtype and not self.cfg.qkv_bias
-                and not isinstance(self.q_proj, SwitchHeadProjection))
-
-    def _project_query_and_gate(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """q and the G1 gate's logits from one matmul with the two kernels side by side per
-        head ([D, heads, 2d], as the official release and Qwen3-Next store q_proj): X is
-        read once, and the backward's two input gradients are one matmul."""
-        dtype, d = self.cfg.compute_dtype, self.cfg.head_dim
-        kernel = jnp.concatenate([cast(self.q_proj, dtype), cast(self.gate.kernel, dtype)],
-                                 axis=-1)
-        both = jnp.einsum("bsD,Dhe->bshe", x, kernel)
-        return both[..., :d], self.gate.finish_logits(both[..., d:])
-
     def gate_for(self, position: str) -> Gate | None:
         """The gate module at `position` (gate_position or one of extra_gate_positions)."""
         variant = self.cfg.variant
@@ -143,15 +124,7 @@ class Attention(nnx.Module):
         """kv_cache: decoding; x holds the new tokens only and keys/values go to the cache."""
         cfg, variant = self.cfg, self.cfg.variant
         x = x.astype(cfg.compute_dtype)
-        needs_ungated = bool(capture & {"sdpa_before_gate", "sdpa_after_gate"})
-        fuse_gate = (variant.fusable_sdpa_gate and not needs_ungated
-                     and getattr(self.gate, "forced", None) is None)
-        if fuse_gate and self._packs_gate_with_query():
-            q, gate_logits = self._project_query_and_gate(x)
-        else:
-            q = self._project(self.q_proj, x, "q_bias")
-            gate_logits = self.gate.logits(x) if fuse_gate else None
-        q = self._gate_at("query", q, x)
+        q = self._gate_at("query", self._project(self.q_proj, x, "q_bias"), x)
         k = self._gate_at("key", self._project(self.k_proj, x, "k_bias"), x)
         v = self._gate_at("value", self._project(self.v_proj, x, "v_bias"), x)
         # QK-norm and RoPE in float32, one rounding to the compute dtype after both.
@@ -166,13 +139,16 @@ class Attention(nnx.Module):
             self.sow(nnx.Intermediate, "gate_scores", self.gate.scores(x))
         self._capture_attention(q, k, segment_ids, sink, capture)
 
+        needs_ungated = bool(capture & {"sdpa_before_gate", "sdpa_after_gate"})
+        fuse_gate = (variant.fusable_sdpa_gate and not needs_ungated
+                     and getattr(self.gate, "forced", None) is None)
         attend = (ops.attention if kv_cache is None
                   else functools.partial(kv_cache.attend, positions=positions,
                                          rope_base=cfg.rope_base,
                                          rope_scaling=cfg.rope_scaling))
         out = attend(
             q, k, v,
-            gate=gate_logits,
+            gate=self.gate.logits(x) if fuse_gate else None,
             gate_activation=variant.activation,
             segment_ids=segment_ids, causal=True, normalizer=variant.normalizer,
             sink_logits=sink, impl=cfg.attention_impl,

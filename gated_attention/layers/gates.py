@@ -63,14 +63,6 @@ class Gate(nnx.Module):
             self.bias = param(rngs, shape, names, init="zeros")
             self.bias.set_value(self.bias.get_value() + variant.gate_bias_init)
 
-    @property
-    def packs_with_query(self) -> bool:
-        """Whether the gate's projection is `X W` with W [D, heads, d] over the whole X, the
-        shape of q_proj's kernel: the attention then runs both as one matmul
-        (`finish_logits`), as the official release and Qwen3-Next pack them."""
-        return (self.per_head and self.variant.gate_input == "hidden"
-                and not self.variant.gate_rank and self.kernel[...].ndim == 3)
-
     def logits(self, x: jax.Array) -> jax.Array:
         """Pre-activation scores: [b, s, heads, d] / [b, s, heads] / [b, s, D]."""
         if self.variant.gate_input == "constant":
@@ -88,15 +80,9 @@ class Gate(nnx.Module):
             logits = jnp.einsum("bsD,Dhd->bshd", x, kernel)
         else:
             logits = jnp.einsum("bsD,Dh->bsh", x, kernel)
-        return self.finish_logits(logits)
-
-    def finish_logits(self, logits: jax.Array) -> jax.Array:
-        """`X W` to the pre-activation scores (bias, head sharing)."""
-        kernel = self.kernel_b if self.variant.gate_rank else getattr(self, "kernel", None)
         if self.variant.gate_bias:
             logits = logits + cast(self.bias, logits.dtype)
-        if (self.per_head and kernel is not None and kernel[...].ndim == 3
-                and self.variant.sharing == "head_shared"):
+        if self.per_head and kernel.ndim == 3 and self.variant.sharing == "head_shared":
             shared = jnp.mean(logits.astype(jnp.float32), axis=2, keepdims=True)
             logits = jnp.broadcast_to(shared, logits.shape).astype(logits.dtype)
         return logits
