@@ -2,24 +2,27 @@
 (libtpu, deviceless): the 1-/2-layer extrapolation against a 3-layer compile, the chunked
 loss's tiles each counted (its FLOPs those of the plain loss plus the backward's recomputed
 logits, by hand; counted once per loop, as XLA does, they fall short: the control), no
-float32
-[batch, seq, vocab] logits in a chunked-loss step (the plain loss's step holds them: the
-control), and the tied embedding's gradient kept per device as the parameter's shard in
-bfloat16 (no whole [vocab, d_model] copy in float32)."""
+float32 [batch, seq, vocab] logits in a chunked-loss step (the plain loss's step holds them:
+the control), the tied embedding's gradient kept per device as the parameter's shard in
+bfloat16 (no whole [vocab, d_model] copy in float32), and no float32 copy of q or k stored
+by QK-norm and RoPE (two separate steps store one: the control)."""
 
 import re
 import sys
 from pathlib import Path
 
+import jax.numpy as jnp
 import pytest
 
 from gated_attention import config_lib
-from gated_attention.target_compile import tpu_mesh
+from gated_attention.layers.norms import RMSNorm
+from gated_attention.layers.rope import inverse_frequencies
+from gated_attention.target_compile import compile_step, tpu_mesh
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import compiled_step  # noqa: E402 - benchmarks/compiled_step.py
 
-pytestmark = pytest.mark.slow  # six TPU compiles of a tiny model: about 90 s
+pytestmark = pytest.mark.slow  # seven TPU compiles of a tiny model: about 100 s
 VOCAB, D_MODEL, SEQ, BATCH, FSDP = 1024, 128, 256, 8, 4
 LOGITS = f"f32[{BATCH // FSDP},{SEQ},{VOCAB}]"  # one device's share of whole float32 logits
 
@@ -103,3 +106,39 @@ def test_embedding_gradient_is_the_parameters_shard_in_bfloat16(chunked):
     # the bfloat16 table is gathered once per step (one all-gather of the whole table)
     gathers = re.findall(rf"= bf16\[{VOCAB},{D_MODEL}\]\S* all-gather\(", hlo["full"])
     assert len(gathers) == 1, gathers
+
+
+def float32_q_or_k(hlo_text: str) -> list[tuple[str, str, str]]:
+    """Stored float32 arrays of one device's q or k, or of their rotary halves, other than
+    the XLA attention's own float32 matmul outputs (its gradients for q and k)."""
+    model = config_lib.model_config(tiny_config(0, layers=1))
+    rows = f"{BATCH // FSDP},{SEQ}"
+    shapes = {f"f32[{rows},{h},{w}]" for h in model.heads
+              for w in (model.head_dim, model.head_dim // 2)}
+    return [array for array in compiled_step.stored_arrays(hlo_text)
+            if array[1] in shapes and not array[2].endswith("dot_general")]
+
+
+def test_qk_norm_and_rope_store_no_float32_q_or_k(plain, mesh, monkeypatch):
+    """QK-norm and RoPE run as one float32 expression rounded once (forward) and hand back
+    the compute dtype's cotangent (backward): no float32 q or k is written between them.
+    The control: the norm rounded to bfloat16 and RoPE applied after, as two steps, stores
+    RoPE's float32 copy of the normalised q and k."""
+    assert float32_q_or_k(plain[1]["full"]) == []
+
+    def two_steps(self, x, positions, base, scaling, rotary_dim):
+        """The norm rounded to x's dtype, then RoPE on the whole of it cast to float32."""
+        y32 = self(x).astype(jnp.float32)
+        d = rotary_dim or x.shape[-1]
+        inv_freq = jnp.asarray(inverse_frequencies(d, base, scaling), jnp.float32)
+        angles = positions.astype(jnp.float32)[..., None] * inv_freq
+        sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
+        y1, y2 = jnp.split(y32[..., :d], 2, axis=-1)
+        out = jnp.concatenate([y1 * cos - y2 * sin, y2 * cos + y1 * sin, y32[..., d:]], -1)
+        return out.astype(x.dtype)
+
+    monkeypatch.setattr(RMSNorm, "normalize_and_rotate", two_steps)
+    control = float32_q_or_k(compile_step(tiny_config(0, layers=1), mesh, "train").hlo_text)
+    model = config_lib.model_config(tiny_config(0, layers=1))
+    whole = {f"f32[{BATCH // FSDP},{SEQ},{h},{model.head_dim}]" for h in model.heads}
+    assert {shape for _, shape, _ in control} >= whole
