@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +15,27 @@ from gated_attention.sharding import constrain
 # Logical axes of the output table [vocab, d_model] as a parameter (tied embedding, or lm_head
 # transposed): where its gradient is kept.
 TABLE_LAYOUT = ("vocab", "embed")
+
+# Whether the chunked loss's tile loops are traced unrolled (see `unrolled_tiles`).
+_UNROLL_TILES = contextvars.ContextVar("unroll_loss_tiles", default=False)
+
+
+@contextlib.contextmanager
+def unrolled_tiles() -> Iterator[None]:
+    """Trace the chunked loss with its vocabulary tiles one after another instead of a loop.
+
+    The same arithmetic; only for programs compiled to be costed (benchmarks/compiled_step.py):
+    XLA's cost analysis counts a loop body once whatever its trip count, so the looped loss
+    shows one tile of its forward and one of its backward. Unrolled, the compiler would see
+    the backward's recomputed tile logits equal to the forward's and compute them once (a
+    program that keeps every tile's logits, unlike the looped one): an optimisation barrier
+    on the backward's hidden states keeps the recomputation, so the unrolled program does
+    the looped program's arithmetic."""
+    token = _UNROLL_TILES.set(True)
+    try:
+        yield
+    finally:
+        _UNROLL_TILES.reset(token)
 
 
 def cross_entropy(logits: jax.Array, targets: jax.Array, mask: jax.Array,
@@ -97,7 +121,7 @@ def _forward_sums(x, table, targets, weights, chunk):
 
     zeros = jnp.zeros(shape, acc)
     running_max, running_sum, target_logit = jax.lax.fori_loop(
-        0, tiles, body, (neg, zeros, zeros))
+        0, tiles, body, (neg, zeros, zeros), unroll=_UNROLL_TILES.get())
     lse = running_max + jnp.log(running_sum)
     nll_sum = jnp.sum((lse - target_logit) * weights)
     z_sum = jnp.sum(jnp.square(lse) * weights)
@@ -122,6 +146,8 @@ def _tiled_sums_bwd(chunk, residuals, cotangents):
     # d nll_sum / d logit_v = w (p_v - [v = target]); d z_sum / d logit_v = w 2 lse p_v.
     scale_p = weights * (g_nll + 2.0 * g_z * lse)
     scale_t = weights * g_nll
+    if _UNROLL_TILES.get():  # keep the recomputation when the tiles are unrolled (see there)
+        x = jax.lax.optimization_barrier(x)
 
     def body(i, carry):
         dx, dtable = carry
@@ -144,7 +170,8 @@ def _tiled_sums_bwd(chunk, residuals, cotangents):
         return dx, constrain(dtable, TABLE_LAYOUT)
 
     zeros = constrain(jnp.zeros_like(table), TABLE_LAYOUT)
-    dx, dtable = jax.lax.fori_loop(0, tiles, body, (jnp.zeros(x.shape, acc), zeros))
+    dx, dtable = jax.lax.fori_loop(0, tiles, body, (jnp.zeros(x.shape, acc), zeros),
+                                   unroll=_UNROLL_TILES.get())
     return dx.astype(x.dtype), dtable, None, None
 
 

@@ -3,7 +3,11 @@
 Order as in docs/method.md: project q/k/v from the block's normalised input X; gate G4/G3/G2 on the
 projection outputs; q/k RMSNorm; RoPE; SDPA through `ops.attention`; G1 gate (fused into the
 kernel when it is a plain `attn * act(X W)`), or a parameter-free transform; concat heads;
-o_proj; G5 gate. The G1 gate never goes through QK-norm or RoPE.
+o_proj; G5 gate. The G1 gate never goes through QK-norm or RoPE. QK-norm and RoPE run as one
+float32 expression rounded once (`RMSNorm.normalize_and_rotate`): the compiled step then
+stores no float32 copy of q or k between them (benchmarks/RESULTS.md, the 1.7B against
+MaxText). G1's projection stays a matmul of its own: run with q_proj's as one, the 1.7B
+step's traffic was 0.3% higher per layer (its memory 0.9% lower).
 
 Beyond the paper (docs/beyond.md): more than one gated position (`extra_gate_positions`, one
 Gate module each, `gate_<position>`); exclusive self-attention (XSA, arXiv 2603.09078:
@@ -123,10 +127,13 @@ class Attention(nnx.Module):
         q = self._gate_at("query", self._project(self.q_proj, x, "q_bias"), x)
         k = self._gate_at("key", self._project(self.k_proj, x, "k_bias"), x)
         v = self._gate_at("value", self._project(self.v_proj, x, "v_bias"), x)
+        # QK-norm and RoPE in float32, one rounding to the compute dtype after both.
+        rope = dict(base=cfg.rope_base, scaling=cfg.rope_scaling, rotary_dim=cfg.rotary_dim)
         if cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q, positions, cfg.rope_base, cfg.rope_scaling, cfg.rotary_dim)
-        k = apply_rope(k, positions, cfg.rope_base, cfg.rope_scaling, cfg.rotary_dim)
+            q = self.q_norm.normalize_and_rotate(q, positions, **rope)
+            k = self.k_norm.normalize_and_rotate(k, positions, **rope)
+        else:
+            q, k = apply_rope(q, positions, **rope), apply_rope(k, positions, **rope)
         sink = self.sink_logits[...] if variant.normalizer == "learned_sink" else None
         if self.gate is not None and "gate_scores" in capture:
             self.sow(nnx.Intermediate, "gate_scores", self.gate.scores(x))

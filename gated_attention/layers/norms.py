@@ -7,12 +7,18 @@ import jax.numpy as jnp
 from flax import nnx
 
 from gated_attention.layers.params import param
+from gated_attention.layers.rope import apply_rope
+
+
+def inverse_rms(x: jax.Array, eps: float = 1e-6) -> jax.Array:
+    """1 / rms(x) over the last axis (kept, size 1), in float32."""
+    x32 = x.astype(jnp.float32)
+    return jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
 
 
 def rms_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
     """x / rms(x) over the last axis, in float32; the parameter-free core of RMSNorm."""
-    x32 = x.astype(jnp.float32)
-    return x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    return x.astype(jnp.float32) * inverse_rms(x, eps)
 
 
 class RMSNorm(nnx.Module):
@@ -27,3 +33,13 @@ class RMSNorm(nnx.Module):
         if self.zero_centred:
             scale = 1.0 + scale
         return (rms_normalize(x, self.eps) * scale).astype(x.dtype)
+
+    def normalize_and_rotate(self, x: jax.Array, positions: jax.Array, **rope: object
+                             ) -> jax.Array:
+        """`apply_rope(self(x), positions, **rope)` in float32 with one rounding to x's dtype
+        (QK-norm then RoPE): no float32 copy of x between the two in the compiled step."""
+        scale = self.scale[...]
+        if self.zero_centred:
+            scale = 1.0 + scale
+        return apply_rope(x, positions, channel_scale=scale, row_scale=inverse_rms(x, self.eps),
+                          **rope)

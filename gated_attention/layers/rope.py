@@ -13,6 +13,7 @@ gives the formulas.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -110,12 +111,39 @@ def attention_factor(scaling: RopeScaling = NO_SCALING) -> float:
     return 0.1 * math.log(scaling.factor) + 1.0
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def rounded_cotangent(x: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    """x unchanged; its cotangent rounded to `dtype` on the way back.
+
+    Between QK-norm and RoPE: the backward then hands the norm's backward the rotated-back
+    gradient in the compute dtype (as a norm whose output is stored in that dtype does),
+    so the compiler stores no float32 copy of it for the norm's two reductions."""
+    return x
+
+
+def _rounded_cotangent_fwd(x: jax.Array, dtype: jnp.dtype) -> tuple[jax.Array, None]:
+    return x, None
+
+
+def _rounded_cotangent_bwd(dtype: jnp.dtype, _: None, g: jax.Array) -> tuple[jax.Array]:
+    return (g.astype(dtype).astype(g.dtype),)
+
+
+rounded_cotangent.defvjp(_rounded_cotangent_fwd, _rounded_cotangent_bwd)
+
+
 def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10_000.0,
-               scaling: RopeScaling = NO_SCALING, rotary_dim: int | None = None) -> jax.Array:
+               scaling: RopeScaling = NO_SCALING, rotary_dim: int | None = None,
+               dtype: jnp.dtype | None = None, channel_scale: jax.Array | None = None,
+               row_scale: jax.Array | None = None) -> jax.Array:
     """Rotate x [b, s, heads, d] by the angle of each token's position [b, s].
 
     rotary_dim: rotate only the first rotary_dim channels (half-split within them, frequencies
     computed for rotary_dim as Qwen3-Next's partial rotary does); the rest pass unchanged.
+    dtype: of the result (default x's). channel_scale [d] and row_scale [b, s, heads, 1]
+    multiply x first (QK-norm's weight and 1 / rms, `RMSNorm.normalize_and_rotate`). All in
+    float32 from x's channel slices, rounded once: the compiler then fuses the norm into the
+    rotation and stores no float32 copy of q or k.
     """
     d = x.shape[-1]
     rotary_dim = d if rotary_dim is None else rotary_dim
@@ -124,9 +152,20 @@ def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10_000.0,
     mscale = attention_factor(scaling)
     sin = (jnp.sin(angles) * mscale)[:, :, None, :]
     cos = (jnp.cos(angles) * mscale)[:, :, None, :]
-    x32 = x.astype(jnp.float32)
-    x1, x2 = jnp.split(x32[..., :rotary_dim], 2, axis=-1)
+
+    def channels(start: int, stop: int) -> jax.Array:
+        part = x[..., start:stop].astype(jnp.float32)
+        if row_scale is None and channel_scale is None:
+            return part
+        if row_scale is not None:
+            part = part * row_scale
+        if channel_scale is not None:
+            part = part * channel_scale[start:stop].astype(jnp.float32)
+        return rounded_cotangent(part, x.dtype)
+
+    half = rotary_dim // 2
+    x1, x2 = channels(0, half), channels(half, rotary_dim)
     rotated = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
     if rotary_dim < d:
-        rotated.append(x32[..., rotary_dim:])
-    return jnp.concatenate(rotated, axis=-1).astype(x.dtype)
+        rotated.append(channels(rotary_dim, d))
+    return jnp.concatenate(rotated, axis=-1).astype(x.dtype if dtype is None else dtype)
