@@ -20,7 +20,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from experiments import comparisons, summarize
+from experiments import comparisons, paired_stats, summarize
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # name -> (docs page, grid file, seeds, runs (None = all), metrics of the paired table)
@@ -90,7 +90,7 @@ def table_block(name: str, result: Mapping[str, Any], command: str) -> str:
         lines += ["", "Not significant after Holm, and the seeds a paired t-test at 5% would "
                   "need for 80% power if the mean difference and its spread stayed as observed: "
                   + "; ".join(f"{e['label']} {titles_short[e['metric']]} "
-                              f"({e['diff']:+.3f}): {_seeds(e['seeds_needed'])}"
+                              f"({e['diff']:+.3f}): {_seeds_for(e, result['paired'])}"
                               for e in unresolved) + "."]
     return "\n".join(lines)
 
@@ -101,6 +101,29 @@ def _p(value: float) -> str:
 
 def _seeds(needed: int | None) -> str:
     return "no spread to go on, or over 1000" if needed is None else str(needed)
+
+
+def holm_seeds_needed(entry: Mapping[str, Any], m: int) -> int | None:
+    """Pairs a t-test at 5% / m needs for 80% power at the entry's observed mean and spread:
+    a p below that passes Holm's correction over m rows whatever the other rows give (the
+    Bonferroni level, the strictest Holm uses). None without a spread or beyond MAX_SEEDS."""
+    if not entry.get("se") or not entry.get("n") or entry["n"] < 2:
+        return None
+    effect = abs(entry["diff"]) / (entry["se"] * entry["n"] ** 0.5)
+    alpha = paired_stats.ALPHA / m
+    return next((n for n in range(2, paired_stats.MAX_SEEDS + 1)
+                 if paired_stats.t_power(effect, n, alpha) >= paired_stats.POWER), None)
+
+
+def _seeds_for(entry: Mapping[str, Any], paired: Sequence[Mapping[str, Any]]) -> str:
+    """The seeds to resolve a difference Holm's correction left unmarked: at 5% where the
+    uncorrected p is above 5%, else at the Bonferroni level of its column."""
+    if entry["seeds_needed"] is not None or entry["p_t"] >= paired_stats.ALPHA:
+        return _seeds(entry["seeds_needed"])
+    m = sum(1 for e in paired if e["metric"] == entry["metric"] and e["p_t"] is not None)
+    needed = holm_seeds_needed(entry, m)
+    return (f"p < 0.05 before the correction; {_seeds(needed)} at 5%/{m} "
+            "(enough for Holm's whatever the other rows give)")
 
 
 def replace_block(text: str, name: str, block: str) -> str:
