@@ -79,6 +79,7 @@ REGISTRY: dict[str, tuple[str, dict[str, str]]] = {
         "test_block_reader_sees_indented_blocks_and_info_strings": "independent",
         "test_numbers_beside_runnable_blocks_are_what_they_print": "golden",
         "test_documents_speak_of_the_project_only": "golden"}),
+    "test_durations": ("independent", {}),  # hand-built measurements, the rule by hand
     "test_errors": ("error_message", {"test_every_user_error_class_is_a_user_error": "golden"}),
     "test_evaluate_length": ("golden", {
         "test_perplexity_at_the_training_length_is_the_analysis_perplexity": "two_paths",
