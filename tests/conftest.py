@@ -8,10 +8,11 @@ available" warning into an error, so a float64 reference silently truncated to f
 
 import os
 
-# Tests compile thousands of small programs on a 2-core CPU: skip LLVM's slow passes (same
-# numerics contract: float32/float64 as asked, no fast-math); about a third off the suite.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
-                      "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+# Tests compile thousands of small programs on a 2-core CPU: cheap compiles (same numerics
+# contract: float32/float64 as asked, no fast-math; gated_attention/cpu_compile.py).
+from gated_attention import cpu_compile  # noqa: E402
+
+os.environ.setdefault("XLA_FLAGS", cpu_compile.xla_flags(host_devices=8))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Kernel choices are traced once per platform an installed compiler can lower for
 # (ops.target.per_platform). The suite's environment holds libtpu and the CUDA compile pair,

@@ -28,22 +28,21 @@ if __name__ == "__main__":  # devices and platform must be fixed before jax is i
     _pre.add_argument("--local_devices", type=int, default=4)
     _known, _ = _pre.parse_known_args()
     # cheap compiles, as the test process has them (tests/conftest.py)
-    os.environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={_known.local_devices} "
-                               "--xla_backend_optimization_level=0 "
-                               "--xla_llvm_disable_expensive_passes=true")
-    os.environ["JAX_PLATFORMS"] = "cpu"
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from gated_attention import cpu_compile
+
+    os.environ["XLA_FLAGS"] = cpu_compile.xla_flags(host_devices=_known.local_devices)
+    os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
-from gated_attention import checkpoint, config_lib, distributed, sharding, train  # noqa: E402
+from gated_attention import checkpoint, config_lib, cpu_compile, distributed, sharding, train  # noqa: E402,E501
 
 GLOBAL_BATCH, SEQ_LEN, VOCAB = 8, 16, 256
-# Tests compile many small programs on a shared CPU: skip LLVM's slow passes (same numerics
-# contract: float32 everywhere, no fast-math).
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+# Tests compile many small programs on a shared CPU (gated_attention/cpu_compile.py).
+FAST_COMPILE = cpu_compile.options()
 
 
 def tiny_config(mesh: dict | None = None) -> ml_collections.ConfigDict:

@@ -15,12 +15,12 @@ import pytest
 from nbclient import NotebookClient
 
 from experiments import run_grid, summarize
+from gated_attention import cpu_compile
 from gated_attention.analysis import stability
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # One CPU device and cheap XLA compiles for the training subprocesses and the kernels.
-ENV = {"XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
-       "JAX_PLATFORMS": "cpu"}
+ENV = {"XLA_FLAGS": cpu_compile.xla_flags(), "JAX_PLATFORMS": "cpu"}
 SETTINGS = ["train.steps=20", "train.batch_size=4", "data.seq_len=64", "train.eval_every=20",
             "train.eval_batches=2", "train.log_every=5", "optimizer.warmup_steps=5",
             "data.tokenizer=byte", "model.vocab_size=260", "model.num_layers=2"]

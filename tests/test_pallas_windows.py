@@ -29,9 +29,8 @@ from jax.experimental.pallas import tpu as pltpu
 from gated_attention import ops
 from gated_attention.ops import _flash_common as fc
 from gated_attention.ops import pallas_gpu, reference
-from gated_attention.ops.testing import random_segment_ids
+from gated_attention.ops.testing import FAST_COMPILE, random_segment_ids
 
-FAST_COMPILE = dict(xla_backend_optimization_level=0, xla_llvm_disable_expensive_passes=True)
 ACTIVATIONS = {"sigmoid": lambda g: 1 / (1 + np.exp(-g)),
                "silu": lambda g: g / (1 + np.exp(-g)),
                "ns_sigmoid": lambda g: 0.5 + 0.5 / (1 + np.exp(-g)),

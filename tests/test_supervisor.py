@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 from gcs_server import gcs_bucket  # noqa: F401  (fixture)
 
+from gated_attention import cpu_compile
 from gated_attention.pods import cloud, worker_log
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,8 +42,7 @@ RUN_FLAGS = ["--config.model.num_layers=1", "--config.model.d_model=32",
              "--config.train.eval_batches=1", "--config.optimizer.warmup_steps=2",
              "--config.train.async_checkpoint=false"]
 # The workers compile as the test process does (tests/conftest.py), one device each.
-WORKER_XLA_FLAGS = ("--xla_force_host_platform_device_count=1 "
-                    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+WORKER_XLA_FLAGS = cpu_compile.xla_flags(host_devices=1)
 
 
 class Pod:

@@ -15,9 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Interpret-mode kernels are big XLA programs: skipping the expensive LLVM passes halves the
-# compile time on a CPU and changes no numerics the checks' tolerances could see.
-FAST_COMPILE = dict(xla_backend_optimization_level=0, xla_llvm_disable_expensive_passes=True)
+from gated_attention import cpu_compile
+
+# Interpret-mode kernels are big XLA programs, compiled to run once: cheap compiles
+# (gated_attention/cpu_compile.py) change no numerics the checks' tolerances could see.
+FAST_COMPILE = cpu_compile.options()
 DIFFERENTIABLE = ("q", "k", "v", "gate", "sink")  # the inputs a check takes gradients of
 
 
