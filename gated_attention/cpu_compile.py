@@ -43,13 +43,16 @@ def jaxlib_knows(flag: str) -> bool:
     return False
 
 
+def fusion_emitters(on: bool) -> dict[str, bool]:
+    """The per-compile option choosing XLA:CPU's MLIR fusion emitters (on: XLA's default) or
+    its legacy generator; empty where this jaxlib has no such choice."""
+    return {LEGACY_EMITTER_FLAG: on} if jaxlib_knows(LEGACY_EMITTER_FLAG) else {}
+
+
 def options() -> dict[str, int | bool]:
     """The cheap settings as per-compile options."""
-    cheap: dict[str, int | bool] = {"xla_backend_optimization_level": 0,
-                                    "xla_llvm_disable_expensive_passes": True}
-    if jaxlib_knows(LEGACY_EMITTER_FLAG):
-        cheap[LEGACY_EMITTER_FLAG] = False
-    return cheap
+    return {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
+            **fusion_emitters(False)}
 
 
 def xla_flags(host_devices: int | None = None) -> str:

@@ -23,8 +23,12 @@ BUCKET = "pod-test"
 
 def server_env(url: str) -> dict[str, str]:
     """gcsfs, tensorstore, and epath told to use gcsfs even where tensorflow is installed
-    (its gfile has no way to another endpoint)."""
-    return {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url, "EPATH_USE_TF": "false"}
+    (its gfile has no way to another endpoint). gcsfs's bucket-type lookup (hierarchical or
+    zonal buckets, GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT) calls the storage-control gRPC API,
+    which the loopback server does not serve: every operation would retry the lookup (and,
+    with an anonymous client, hang on its TLS handshake), so it is off."""
+    return {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url, "EPATH_USE_TF": "false",
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
 
 
 class MemoryServer:

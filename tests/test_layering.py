@@ -29,6 +29,7 @@ FLOORS: dict[str, int] = {
     "gated_attention.gpu_targets": 1,
     "gated_attention.watchdog": 1,
     "gated_attention.cuda_compile": 1,
+    "gated_attention.cpu_compile": 0,  # cheap CPU compiles (imports nothing), for ops.testing
     "gated_attention.config_checks": 1,
     "gated_attention.train_command": 1,  # the training command's argv (imports nothing)
     # 2: what the model is made of: the variant space, the model description, layers.

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention import config_lib, evaluate_length, sharding, train
+from gated_attention import config_lib, cpu_compile, evaluate_length, sharding, train
 from gated_attention.analysis import retrieval_tasks as rt
 from gated_attention.data import passkey
 from gated_attention.data.tokenizer import ByteTokenizer
@@ -21,9 +21,11 @@ from gated_attention.model import abstract_model
 # step 60, 0.47 at 200 and 0.50 at 300), so fewer steps leave no margin. (At 256 tokens and
 # 1e-2 the copy took 600 steps, about 4x this training's cost.)
 LENGTH, STEPS, BATCH, DIGITS, EXAMPLES, PEAK_LR = 128, 300, 16, 4, 64, 3e-2
-# The training's one program is compiled with XLA's default CPU optimisations: the suite's
-# cheap-compile flags (tests/conftest.py) make each of its 300 steps about twice as slow.
-OPTIMIZED = {"xla_backend_optimization_level": 2, "xla_llvm_disable_expensive_passes": False}
+# The training's one program is compiled with XLA's default CPU optimisations (its MLIR fusion
+# emitters included): the suite's cheap-compile flags (gated_attention/cpu_compile.py) make
+# each of its 300 steps about twice as slow.
+OPTIMIZED = {"xla_backend_optimization_level": 2, "xla_llvm_disable_expensive_passes": False,
+             **cpu_compile.fusion_emitters(True)}
 TOKENIZER = ByteTokenizer(260)
 COUNT = rt.token_counter(TOKENIZER, add_bos=False)
 # Keys are uniform over [1000, 10000) and independent of everything but the needle, so without

@@ -28,18 +28,16 @@ class RMSNorm(nnx.Module):
         self.zero_centred = zero_centred
         self.scale = param(rngs, (dim,), (axis_name,), init="zeros" if zero_centred else "ones")
 
+    def weight(self) -> jax.Array:
+        """The per-channel multiplier (1 + scale when zero-centred)."""
+        return 1.0 + self.scale[...] if self.zero_centred else self.scale[...]
+
     def __call__(self, x: jax.Array) -> jax.Array:
-        scale = self.scale[...]
-        if self.zero_centred:
-            scale = 1.0 + scale
-        return (rms_normalize(x, self.eps) * scale).astype(x.dtype)
+        return (rms_normalize(x, self.eps) * self.weight()).astype(x.dtype)
 
     def normalize_and_rotate(self, x: jax.Array, positions: jax.Array, **rope: object
                              ) -> jax.Array:
         """`apply_rope(self(x), positions, **rope)` in float32 with one rounding to x's dtype
         (QK-norm then RoPE): no float32 copy of x between the two in the compiled step."""
-        scale = self.scale[...]
-        if self.zero_centred:
-            scale = 1.0 + scale
-        return apply_rope(x, positions, channel_scale=scale, row_scale=inverse_rms(x, self.eps),
-                          **rope)
+        return apply_rope(x, positions, channel_scale=self.weight(),
+                          row_scale=inverse_rms(x, self.eps), **rope)

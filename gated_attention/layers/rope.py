@@ -134,16 +134,16 @@ rounded_cotangent.defvjp(_rounded_cotangent_fwd, _rounded_cotangent_bwd)
 
 def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10_000.0,
                scaling: RopeScaling = NO_SCALING, rotary_dim: int | None = None,
-               dtype: jnp.dtype | None = None, channel_scale: jax.Array | None = None,
-               row_scale: jax.Array | None = None) -> jax.Array:
+               channel_scale: jax.Array | None = None, row_scale: jax.Array | None = None
+               ) -> jax.Array:
     """Rotate x [b, s, heads, d] by the angle of each token's position [b, s].
 
     rotary_dim: rotate only the first rotary_dim channels (half-split within them, frequencies
     computed for rotary_dim as Qwen3-Next's partial rotary does); the rest pass unchanged.
-    dtype: of the result (default x's). channel_scale [d] and row_scale [b, s, heads, 1]
-    multiply x first (QK-norm's weight and 1 / rms, `RMSNorm.normalize_and_rotate`). All in
-    float32 from x's channel slices, rounded once: the compiler then fuses the norm into the
-    rotation and stores no float32 copy of q or k.
+    channel_scale [d] and row_scale [b, s, heads, 1] multiply x first (QK-norm's weight and
+    1 / rms, `RMSNorm.normalize_and_rotate`). All in float32 from x's channel slices, rounded
+    once: the compiler then fuses the norm into the rotation and stores no float32 copy of q
+    or k.
     """
     d = x.shape[-1]
     rotary_dim = d if rotary_dim is None else rotary_dim
@@ -168,4 +168,4 @@ def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10_000.0,
     rotated = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
     if rotary_dim < d:
         rotated.append(channels(rotary_dim, d))
-    return jnp.concatenate(rotated, axis=-1).astype(x.dtype if dtype is None else dtype)
+    return jnp.concatenate(rotated, axis=-1).astype(x.dtype)
