@@ -18,6 +18,8 @@ its devices hold (`local_batch_rows`) and `global_batch` assembles the global ar
 from __future__ import annotations
 
 import os
+import sys
+import traceback
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -212,6 +214,24 @@ def initialize(multihost: bool | None = None, *, coordinator_address: str | None
                                num_processes=num_processes, process_id=process_id,
                                **({} if timeout is None else {"initialization_timeout": timeout}))
     return True
+
+
+def end_failed_process(exit_code: int = 1) -> None:
+    """End a failed process of a multi-process job now: its traceback, then exit (called while
+    the exception is handled). With one process it returns: the caller re-raises.
+
+    A normal exit runs jax.distributed's shutdown, which waits for every peer at a barrier;
+    when this process failed because a peer died (a collective that lost its partner), that
+    barrier waits for the dead peer until the coordination service's heartbeat gives up
+    (100 s by default), and a supervisor, which relaunches the job once no worker runs it,
+    waits as long. Here nothing is left to save (the run resumes from its last checkpoint),
+    so the process ends at once, as the step watchdog ends a stuck one."""
+    if jax.process_count() == 1:
+        return
+    traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
 
 
 def barrier(name: str) -> None:

@@ -98,6 +98,9 @@ def main(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> None:
         print("Stopped by Ctrl-C while preparing the run; no step was trained.",
               file=sys.stderr)
         sys.exit(interrupts.EXIT_CODES["SIGINT"])
+    except Exception:  # a bug, or a collective whose peer died: no shutdown barrier to wait at
+        distributed.end_failed_process()  # returns only in a single-process run
+        raise
     evaluation = summary.get("eval") or {}
     if evaluation:
         print(f"Done: step {summary['steps']}, held-out loss {evaluation['loss']:.4f}, "

@@ -534,12 +534,14 @@ class LoopResult:
 
 
 def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = True,
-               stop_after: int | None = None,
-               stop: interrupts.StopRequest | None = None) -> LoopResult:
+               stop_after: int | None = None, stop: interrupts.StopRequest | None = None,
+               watchdog: watchdog_lib.StepWatchdog | None = None) -> LoopResult:
     """Train from `start` to train.steps: steps, metrics, evals, checkpoints, signals.
 
     stop_after: leave the loop after that many steps, as if killed (tests use it).
     stop: the signal catcher (default: one installed for the loop alone).
+    watchdog: re-armed before every step (default: the run's, `watchdog.for_run`); left armed
+    when the loop fails, so that the caller's cleanup cannot wait on a dead peer for ever.
     """
     config, train_cfg = run.config, run.config.train
     step_fn = jit_train_step(make_train_step(run.spec.graphdef, config, run.tx), run.mesh,
@@ -576,8 +578,9 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
     own_stop = stop is None
     stop = interrupts.StopRequest().install() if own_stop else stop
     # Several hosts: a step that hangs on a dead peer ends this process with its stack.
-    watchdog = watchdog_lib.for_run(train_cfg, jax.process_count())
+    watchdog = watchdog or watchdog_lib.for_run(train_cfg, jax.process_count())
     watchdog.arm(start, first=True)
+    failed = True
     try:
         for step in range(start, end):
             batch = distributed.global_batch(next(run.inputs.train), run.data_sharding,
@@ -619,8 +622,12 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
                 stopped_by = stop.signal_name
                 break
             watchdog.arm(done)
+        failed = False
     finally:
-        watchdog.disarm()
+        if failed:  # armed for what follows: the writer's close here, the checkpointer's
+            watchdog.arm(done, during="the failed run's cleanup")  # (waits on every peer)
+        else:
+            watchdog.disarm()
         if own_stop:
             stop.uninstall()
         if bar is not None:
@@ -698,13 +705,17 @@ def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False
     the checkpoint of the step reached is saved.
     """
     prepared = prepare(config, workdir, overwrite=overwrite, devices=devices)
-    try:
-        with interrupts.StopRequest() as stop:  # a signal from here on stops after a step
-            state, start = restore_or_init(prepared)
-            result = train_loop(prepared, state, start, progress=progress,
-                                stop_after=stop_after, stop=stop)
-    finally:
-        prepared.close()
+    # Several processes: one whose peer died fails in a collective, and the checkpointer's
+    # close would then wait on that peer until jax.distributed's heartbeat gives up (100 s);
+    # the loop leaves the watchdog armed on failure, so the close is bounded like a step.
+    with watchdog_lib.for_run(config.train, jax.process_count()) as watchdog:
+        try:
+            with interrupts.StopRequest() as stop:  # a signal from here on stops after a step
+                state, start = restore_or_init(prepared)
+                result = train_loop(prepared, state, start, progress=progress,
+                                    stop_after=stop_after, stop=stop, watchdog=watchdog)
+        finally:
+            prepared.close()
     if result.stopped_by is not None:
         raise interrupts.Interrupted(
             f"stopped by {result.stopped_by} at step {result.step}, after saving its "

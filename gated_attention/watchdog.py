@@ -33,7 +33,7 @@ class StepWatchdog:
         self.timeout, self.first_timeout = float(timeout), float(first_timeout)
         self.exit_code, self._exit = exit_code, exit_fn
         self._timer: threading.Timer | None = None
-        self.step = 0
+        self.step, self.during = 0, ""
 
     @property
     def enabled(self) -> bool:
@@ -41,8 +41,10 @@ class StepWatchdog:
 
     def _fire(self, seconds: float) -> None:
         faulthandler.cancel_dump_traceback_later()  # this thread runs: no need of the backup
-        print(f"\nWatchdog: no progress for {seconds:g} s after step {self.step} (a worker of "
-              "this job is likely dead or stuck); the stack of every thread follows. Exiting "
+        where = f" during {self.during}" if self.during else ""
+        print(f"\nWatchdog: no progress for {seconds:g} s after step {self.step}{where} (a "
+              "worker of this job is likely dead or stuck); the stack of every thread follows. "
+              "Exiting "
               f"with {self.exit_code}: launching again resumes from the last checkpoint.",
               file=sys.stderr, flush=True)
         try:
@@ -54,12 +56,13 @@ class StepWatchdog:
         sys.stderr.flush()
         self._exit(self.exit_code)
 
-    def arm(self, step: int, first: bool = False) -> None:
-        """(Re)start the countdown: `first_timeout` before the first step, else `timeout`."""
+    def arm(self, step: int, first: bool = False, during: str = "") -> None:
+        """(Re)start the countdown: `first_timeout` before the first step, else `timeout`;
+        `during` names what is waited for, if not the next step."""
         if not self.enabled:
             return
         self.disarm()
-        self.step = step
+        self.step, self.during = step, during
         seconds = self.first_timeout if first else self.timeout
         self._timer = threading.Timer(seconds, self._fire, args=(seconds,))
         self._timer.daemon = True
