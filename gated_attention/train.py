@@ -706,8 +706,9 @@ def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False
     """
     prepared = prepare(config, workdir, overwrite=overwrite, devices=devices)
     # Several processes: one whose peer died fails in a collective, and the checkpointer's
-    # close would then wait on that peer until jax.distributed's heartbeat gives up (100 s);
-    # the loop leaves the watchdog armed on failure, so the close is bounded like a step.
+    # close can then wait on that peer (an asynchronous save in flight commits at a barrier of
+    # every process); the loop leaves the watchdog armed on failure, so the close is bounded
+    # like a step.
     with watchdog_lib.for_run(config.train, jax.process_count()) as watchdog:
         try:
             with interrupts.StopRequest() as stop:  # a signal from here on stops after a step
