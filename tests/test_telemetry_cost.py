@@ -32,7 +32,7 @@ def mesh():
     return tpu_mesh("v5p:2x2x1", {"data": 1, "fsdp": FSDP})
 
 
-@pytest.mark.slow  # four TPU compiles of a 64-wide model's forward: about 20 s
+@pytest.mark.slow  # four TPU compiles of a 64-wide forward: about 35 CPU-seconds
 @pytest.mark.needs("libtpu")
 def test_extrapolated_telemetry_matches_the_three_layer_compile(mesh):
     result = telemetry_cost.extrapolated_telemetry(tiny_config(3), mesh)
