@@ -1,0 +1,57 @@
+"""experiments/telemetry_cost.py for a TPU target (libtpu, deviceless): one telemetry call of a
+3-layer model extrapolated from its 1- and 2-layer compiles, U1 + 2 (U2 - U1), equals the
+3-layer model compiled whole (an independent program: no extrapolation in it); the
+first-token pass traced in its training blocks keeps loops, which are found and listed with
+their trip counts (the one-block trace has none: the control); a bad --block is refused
+before anything compiles."""
+
+import pytest
+
+from experiments import telemetry_cost
+from gated_attention import config_lib
+from gated_attention.errors import UserError
+
+SEQ, BLOCK, FSDP = 128, 32, 4
+
+
+def tiny_config(layers: int):
+    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config.model.update(num_layers=layers, scan_layers=False, d_model=64, num_heads=2,
+                        num_kv_heads=2, head_dim=32, mlp_dim=128, vocab_size=256,
+                        attention_impl="xla")
+    config.data.seq_len = SEQ
+    config.mesh.update(fsdp=FSDP, data=1)
+    config.train.update(batch_size=FSDP, eval_every=0, loss_chunk_size=0)
+    return config
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    from gated_attention.target_compile import tpu_mesh
+
+    return tpu_mesh("v5p:2x2x1", {"data": 1, "fsdp": FSDP})
+
+
+@pytest.mark.slow  # four TPU compiles of a 64-wide forward: about 35 CPU-seconds
+@pytest.mark.needs("libtpu")
+def test_extrapolated_telemetry_matches_the_three_layer_compile(mesh):
+    result = telemetry_cost.extrapolated_telemetry(tiny_config(3), mesh)
+    whole = telemetry_cost.compile_telemetry(tiny_config(3), mesh)
+    assert result["layers"] == 3 and result["loops_counted_once"] == []
+    assert whole["loops_counted_once"] == []
+    assert result["flops_per_layer"] > 0 and result["bytes_per_layer"] > 0
+    assert result["flops"] > 1.5 * result["u1"]["flops"]  # the extra layers are counted
+    assert result["flops"] == pytest.approx(whole["flops"], rel=0.01)
+    assert result["bytes"] == pytest.approx(whole["bytes"], rel=0.05)
+
+    blockwise = telemetry_cost.compile_telemetry(tiny_config(1), mesh, block=BLOCK)
+    trips = SEQ // BLOCK  # the query-block map and the key-block scan: 4 trips each
+    assert blockwise["loops_counted_once"] and set(blockwise["loops_counted_once"]) == {trips}
+    # counted once, the blockwise pass shows one of its 16 block pairs: fewer FLOPs
+    assert blockwise["flops"] < result["u1"]["flops"]
+
+
+def test_bad_block_is_refused_before_compiling():
+    with pytest.raises(UserError, match="--block=-1: must be 0"):
+        telemetry_cost.main(["--config=configs/ablation.py:arch=tiny", "--topology=v5p:2x2x1",
+                             "--block=-1"])
