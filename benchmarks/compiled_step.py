@@ -174,6 +174,19 @@ def figures(step: Any) -> dict[str, Any]:
             "compile_s": round(step.compile_seconds, 1)}
 
 
+def extrapolate(one: dict[str, Any], two: dict[str, Any], layers: int) -> dict[str, Any]:
+    """FLOPs and bytes of an L-layer program from its unrolled 1- and 2-layer compiles (each
+    with "flops", "bytes" and "loops_counted_once"): per layer U2 - U1, the layers L times
+    that, the rest U1 - (U2 - U1), the full program U1 + (L - 1)(U2 - U1)."""
+    out: dict[str, Any] = {"layers": layers, "loops_counted_once": one["loops_counted_once"]
+                           + two["loops_counted_once"]}
+    for key in ("flops", "bytes"):
+        per_layer = two[key] - one[key]
+        out[key] = {"per_layer": per_layer, "layers": layers * per_layer,
+                    "rest": one[key] - per_layer, "full": one[key] + (layers - 1) * per_layer}
+    return out
+
+
 def measure(config: Any, mesh: Any, hlo: dict[str, str] | None = None,
             cost_only: bool = False, unroll_loss: bool = True) -> dict[str, Any]:
     """The full step's memory, and its FLOPs / bytes extrapolated from U1 and U2; `hlo`, if
@@ -199,14 +212,7 @@ def measure(config: Any, mesh: Any, hlo: dict[str, str] | None = None,
               flush=True)
         if hlo is not None:
             hlo[name.removesuffix("_compile")] = step.hlo_text
-    one, two = programs["u1"], programs["u2"]
-    out: dict[str, Any] = {"layers": layers, **programs,
-                           "loops_counted_once": one["loops_counted_once"]
-                           + two["loops_counted_once"]}
-    for key in ("flops", "bytes"):
-        per_layer = two[key] - one[key]
-        out[key] = {"per_layer": per_layer, "layers": layers * per_layer,
-                    "rest": one[key] - per_layer, "full": one[key] + (layers - 1) * per_layer}
+    out: dict[str, Any] = {**programs, **extrapolate(programs["u1"], programs["u2"], layers)}
     if not cost_only:
         full = programs["full_compile"]
         out["memory"] = {k: full[k] for k in ("arguments", "temporaries", "total")}

@@ -133,13 +133,11 @@ def extrapolated_telemetry(config: Any, mesh: Any, block: int = 0) -> dict[str, 
     print(f"compiled telemetry u1: {one}", file=sys.stderr, flush=True)
     two = compile_telemetry(compiled_step.unrolled(config, 2), mesh, block)
     print(f"compiled telemetry u2: {two}", file=sys.stderr, flush=True)
-    out: dict[str, Any] = {"layers": layers, "u1": one, "u2": two,
-                           "loops_counted_once": one["loops_counted_once"]
-                           + two["loops_counted_once"]}
-    for key in ("flops", "bytes"):
-        per_layer = two[key] - one[key]
-        out[key] = one[key] + (layers - 1) * per_layer
-        out[f"{key}_per_layer"] = per_layer
+    extrapolated = compiled_step.extrapolate(one, two, layers)
+    out: dict[str, Any] = {"u1": one, "u2": two, **extrapolated}
+    for key in ("flops", "bytes"):  # the whole call, and per layer
+        out[key], out[f"{key}_per_layer"] = (extrapolated[key]["full"],
+                                             extrapolated[key]["per_layer"])
     return out
 
 

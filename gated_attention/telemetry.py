@@ -170,11 +170,16 @@ def query_mask(segment_ids: jax.Array | None, shape: tuple[int, int]) -> jax.Arr
 def histogram(values: jax.Array, weights: jax.Array, lo: float, hi: float,
               bins: int = reductions.HISTOGRAM_BINS) -> jax.Array:
     """Counts of `values` in `bins` equal bins over [lo, hi] (outside values clipped in),
-    each value counted with its weight (0 for padding)."""
+    each value counted with its weight (0 for padding).
+
+    A compare against every bin and a sum, not a scatter-add: the TPU compiler costs a
+    scatter-add at about 8 KB of memory traffic per value (G1 elementwise at 1.7B: 2.8e11
+    bytes per layer, 15% of a step at telemetry_every=100), the fused compare-and-sum at
+    32 bytes."""
     position = jnp.floor((values - lo) / (hi - lo) * bins)
     index = jnp.clip(position, 0, bins - 1).astype(jnp.int32)
-    return jnp.zeros(bins, jnp.float32).at[index.reshape(-1)].add(
-        weights.astype(jnp.float32).reshape(-1))
+    in_bin = index.reshape(-1, 1) == jnp.arange(bins, dtype=jnp.int32)  # [values, bins]
+    return jnp.sum(jnp.where(in_bin, weights.astype(jnp.float32).reshape(-1, 1), 0.0), axis=0)
 
 
 def gate_norms(params: Any, cfg: Any) -> dict[str, list[Any]]:
