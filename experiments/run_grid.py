@@ -150,8 +150,11 @@ def spool_dir(root: paths.PathLike, worker: int, local_logs: paths.PathLike = DE
 
 
 def read_status(root: epath.Path, name: str) -> dict[str, Any] | None:
-    path = root / STATUS_DIR / f"{name}.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    """A run's status as stored now (other slices rewrite it), or None before its first."""
+    try:
+        return json.loads(paths.read_current(root / STATUS_DIR / f"{name}.json"))
+    except FileNotFoundError:
+        return None
 
 
 def write_status(place: GridPlace, name: str, status: Mapping[str, Any]) -> None:

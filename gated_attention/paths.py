@@ -11,6 +11,10 @@ here so callers never branch on it:
   rewritten (callers batch their appends, see metrics_writer).
 - `move_tree`: locally one rename; in a bucket every object is copied and the source is
   removed only after all copies exist (a directory rename is not atomic there anyway).
+- `read_current`: the whole current content of a small file other processes rewrite (a
+  grid's run status, a claim). Read through an ordinary open, an object is read up to the
+  size fsspec's listing cache holds for it, so a rewrite that grew it reads truncated (a
+  grid's worker once failed on half a status file): in a bucket it is one GET of the object.
 """
 
 from __future__ import annotations
@@ -37,6 +41,17 @@ def resolve(path: PathLike) -> epath.Path:
     if not is_local(text):
         return epath.Path(text)
     return epath.Path(os.path.abspath(os.path.expanduser(text)))
+
+
+def read_current(path: PathLike) -> str:
+    """The whole text of `path` as stored now (FileNotFoundError when there is none)."""
+    path = resolve(path)
+    if is_local(path):
+        return path.read_text()
+    import fsspec
+
+    fs, key = fsspec.core.url_to_fs(os.fspath(path))
+    return fs.cat_file(key).decode()
 
 
 def write_atomic(path: PathLike, data: str | bytes) -> None:

@@ -25,6 +25,30 @@ from experiments import run_grid
 from gated_attention.pods import claims
 
 
+def test_a_status_another_slice_rewrote_longer_is_read_whole(gcs_bucket):  # noqa: F811
+    """A grid's status file, listed (and so its size cached by fsspec) and then rewritten
+    longer by another slice, is read whole by `paths.read_current` (as run_grid's and the
+    claims' readers do); an ordinary open reads it up to the cached size (the control: a
+    grid worker once died on such half a status)."""
+    import fsspec
+
+    from gated_attention import paths
+
+    path = f"{gcs_bucket}/status/tiny-baseline-s0.json"
+    before = json.dumps({"state": "running"})
+    paths.write_atomic(path, before)
+    fsspec.filesystem("gs").invalidate_cache()
+    list(paths.resolve(f"{gcs_bucket}/status").iterdir())  # listed here: the old size cached
+    other = fsspec.filesystem("gs", skip_instance_cache=True)  # another slice's client
+    longer = json.dumps({"state": "done", "finished_by": "slice-b", "attempts": [1, 2, 3]})
+    other.pipe_file(path.removeprefix("gs://"), longer.encode())
+    assert paths.resolve(path).read_text() == longer[:len(before)]  # the control: truncated
+    assert paths.read_current(path) == longer
+    assert run_grid.read_status(paths.resolve(gcs_bucket), "tiny-baseline-s0") is None
+    with pytest.raises(FileNotFoundError):
+        paths.read_current(f"{gcs_bucket}/status/absent.json")
+
+
 def test_of_many_racing_claims_exactly_one_wins(tmp_path, gcs_bucket):  # noqa: F811
     """Threads and processes race for the same claims, in the bucket and on a local disk."""
     path = f"{gcs_bucket}/race/_claims/run-a.json"

@@ -50,9 +50,8 @@ def try_claim(path: paths.PathLike, holder: str, **info: Any) -> bool:
 
 def read_claim(path: paths.PathLike) -> dict[str, Any] | None:
     """The claim's record, or None when nobody holds it."""
-    path = paths.resolve(path)
     try:
-        return json.loads(path.read_text())
+        return json.loads(paths.read_current(path))  # other slices rewrite it
     except FileNotFoundError:
         return None
 
