@@ -46,12 +46,15 @@ def resolve(path: PathLike) -> epath.Path:
 def read_current(path: PathLike) -> str:
     """The whole text of `path` as stored now (FileNotFoundError when there is none)."""
     path = resolve(path)
-    if is_local(path):
-        return path.read_text()
+    return path.read_text() if is_local(path) else get_object(os.fspath(path)).decode()
+
+
+def get_object(uri: str) -> bytes:
+    """An object store's object, whole, in one request (fsspec's cat_file)."""
     import fsspec
 
-    fs, key = fsspec.core.url_to_fs(os.fspath(path))
-    return fs.cat_file(key).decode()
+    fs, key = fsspec.core.url_to_fs(uri)
+    return fs.cat_file(key)
 
 
 def write_atomic(path: PathLike, data: str | bytes) -> None:

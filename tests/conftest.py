@@ -130,6 +130,8 @@ def fake_bucket(tmp_path, monkeypatch):
     from etils.epath import gpath
     from etils.epath import testing as epath_testing
 
+    from gated_attention import paths
+
     store = tmp_path / "bucket_store"
     store.mkdir()
     monkeypatch.chdir(tmp_path)
@@ -155,6 +157,11 @@ def fake_bucket(tmp_path, monkeypatch):
         for root, dirs, files in original(to_local(top), **kwargs):
             yield to_uri(root), dirs, files
 
+    def get_object(uri):
+        with open(to_local(uri), "rb") as file:
+            return file.read()
+
+    monkeypatch.setattr(paths, "get_object", get_object)  # fsspec's GET, from the folder
     single = ("exists", "isdir", "listdir", "makedirs", "mkdir", "open", "remove", "rmtree",
               "stat")
     fns = {name: one_path for name in single}

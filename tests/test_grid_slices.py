@@ -95,7 +95,7 @@ meet.mkdir(exist_ok=True)
 (meet / worker).touch()
 while len(list(meet.iterdir())) < int(os.environ["JAX_NUM_PROCESSES"]):
     time.sleep(0.1)
-time.sleep(3)
+time.sleep(4)
 paths.write_atomic(f"{workdir}/finished-{worker}-{time.time_ns()}",
                    os.environ["GCLOUD_STANDIN_VM"])
 """).replace("{", "{{").replace("}", "}}") + " {workdir}"
@@ -117,7 +117,7 @@ def test_a_grid_on_two_slices_one_preempted_finishes_every_run_once(tmp_path,
         # slice-a is preempted while it trains a run it claimed
         wait_for(lambda: _has_training(pods[0]), 240, "slice-a to train a claimed run",
                  on_timeout=lambda: supervisor_output(pods[0]))
-        time.sleep(1.0)
+        time.sleep(0.2)  # inside its 4 s: preempted mid-run, not after the slice is done
         pods[0].admin("preempt", "slice-a")
         codes = [p.wait(timeout=400) for p in procs]
     finally:
