@@ -32,6 +32,7 @@ def mesh():
     return tpu_mesh("v5p:2x2x1", {"data": 1, "fsdp": FSDP})
 
 
+@pytest.mark.reference("two_paths")  # extrapolated vs compiled whole, both this package's
 @pytest.mark.slow  # four TPU compiles of a 64-wide forward: about 35 CPU-seconds
 @pytest.mark.needs("libtpu")
 def test_extrapolated_telemetry_matches_the_three_layer_compile(mesh):
@@ -51,6 +52,7 @@ def test_extrapolated_telemetry_matches_the_three_layer_compile(mesh):
     assert blockwise["flops"] < result["u1"]["flops"]
 
 
+@pytest.mark.reference("error_message")
 def test_bad_block_is_refused_before_compiling():
     with pytest.raises(UserError, match="--block=-1: must be 0"):
         telemetry_cost.main(["--config=configs/ablation.py:arch=tiny", "--topology=v5p:2x2x1",
