@@ -151,10 +151,7 @@ def spool_dir(root: paths.PathLike, worker: int, local_logs: paths.PathLike = DE
 
 def read_status(root: epath.Path, name: str) -> dict[str, Any] | None:
     """A run's status as stored now (other slices rewrite it), or None before its first."""
-    try:
-        return json.loads(paths.read_current(root / STATUS_DIR / f"{name}.json"))
-    except FileNotFoundError:
-        return None
+    return paths.read_json_current(root / STATUS_DIR / f"{name}.json")
 
 
 def write_status(place: GridPlace, name: str, status: Mapping[str, Any]) -> None:
@@ -281,7 +278,7 @@ def write_manifest(root: epath.Path, grid: str, scale: str, runs: Sequence[grid_
                    settings: Mapping[str, Any]) -> None:
     """runs.json: every run this root has held (earlier invocations' runs are kept)."""
     path = root / MANIFEST
-    manifest = json.loads(path.read_text()) if path.exists() else {"runs": {}}
+    manifest = paths.read_json_current(path) or {"runs": {}}  # other slices rewrite it
     manifest.update(grid=grid, scale=scale, settings=dict(settings), updated=_now())
     for run in runs:
         manifest["runs"][run.name] = {**run.to_dict(),

@@ -62,13 +62,9 @@ SINK_TASK_KEYS = {
 SINK_FREE_SHARE = 1 / 3
 
 
-def _load_json(path: epath.Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text()) if path.exists() else None
-
-
 def discover_runs(root: epath.Path) -> dict[str, dict[str, Any]]:
     """Run definitions from runs.json, plus any run directory it does not list."""
-    manifest = _load_json(root / "runs.json") or {"runs": {}}
+    manifest = paths.read_json_current(root / "runs.json") or {"runs": {}}
     runs = dict(manifest["runs"])
     for child in sorted(root.iterdir()) if root.is_dir() else []:
         if child.name not in runs and (child / "config.json").exists():
@@ -114,9 +110,9 @@ def _train_log(root: epath.Path, name: str, warmup_steps: int) -> dict[str, Any]
 
 def run_row(root: epath.Path, name: str, run: Mapping[str, Any],
             tables: Mapping[str, Any]) -> dict[str, Any]:
-    analysis = _load_json(root / name / "analysis" / "analysis.json")
-    status = _load_json(root / "_status" / f"{name}.json") or {}
-    record = _load_json(root / name / "record.json")
+    analysis = paths.read_json_current(root / name / "analysis" / "analysis.json")
+    status = paths.read_json_current(root / "_status" / f"{name}.json") or {}
+    record = paths.read_json_current(root / name / "record.json")
     overrides = run.get("overrides") or {}
     row: dict[str, Any] = {
         "run": name, "group": re.sub(r"-s\d+$", "", name), "label": run.get("label") or
@@ -298,7 +294,7 @@ def table5(root: epath.Path, runs: Mapping[str, Mapping[str, Any]],
                  and (run.get("overrides") or {}).get("train.init_from")]
     if not continued:
         return None
-    evals = {name: _load_json(root / name / "length_eval" / "length_eval.json")
+    evals = {name: paths.read_json_current(root / name / "length_eval" / "length_eval.json")
              for name, _ in continued}
     done = [e for e in evals.values() if e]
     train_lengths = {e["settings"]["train_length"] for e in done}
@@ -473,7 +469,7 @@ def summarize(root: paths.PathLike, reference: str | None = None) -> dict[str, A
     rows = [run_row(root, name, run, tables) for name, run in runs.items()]
     groups = group_rows(rows)
     ranks = rankings(groups)
-    manifest = _load_json(root / "runs.json")
+    manifest = paths.read_json_current(root / "runs.json")
     comparisons.check_reference(groups, reference)
     text = markdown(root, manifest, groups, rows, ranks)
     paired = comparisons.paired_rows(rows, groups, reference)

@@ -11,16 +11,19 @@ here so callers never branch on it:
   rewritten (callers batch their appends, see metrics_writer).
 - `move_tree`: locally one rename; in a bucket every object is copied and the source is
   removed only after all copies exist (a directory rename is not atomic there anyway).
-- `read_current`: the whole current content of a small file other processes rewrite (a
-  grid's run status, a claim). Read through an ordinary open, an object is read up to the
+- `read_current` / `read_json_current`: the whole current content of a small file other
+  processes rewrite (a grid's manifest and run statuses, a claim, read by the grid's
+  workers and by the supervisor). Read through an ordinary open, an object is read up to the
   size fsspec's listing cache holds for it, so a rewrite that grew it reads truncated (a
   grid's worker once failed on half a status file): in a bucket it is one GET of the object.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
+from typing import Any
 
 from etils import epath
 
@@ -47,6 +50,14 @@ def read_current(path: PathLike) -> str:
     """The whole text of `path` as stored now (FileNotFoundError when there is none)."""
     path = resolve(path)
     return path.read_text() if is_local(path) else get_object(os.fspath(path)).decode()
+
+
+def read_json_current(path: PathLike) -> Any | None:
+    """`read_current`'s JSON, or None when there is no such file."""
+    try:
+        return json.loads(read_current(path))
+    except FileNotFoundError:
+        return None
 
 
 def get_object(uri: str) -> bytes:

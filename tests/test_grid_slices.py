@@ -49,6 +49,28 @@ def test_a_status_another_slice_rewrote_longer_is_read_whole(gcs_bucket):  # noq
         paths.read_current(f"{gcs_bucket}/status/absent.json")
 
 
+def test_the_supervisor_reads_a_status_another_slice_rewrote_longer_whole(gcs_bucket):  # noqa: F811
+    """The supervisor's "is the grid done?" reads every run's status whole (a supervisor
+    once died on half a status file, JSONDecodeError, as a grid worker had)."""
+    import fsspec
+
+    from gated_attention import paths
+    from gated_attention.pods.supervisor import Job
+
+    job = Job(kind="grid", name="g", bucket=gcs_bucket, grid="experiments/grids/smoke.py")
+    paths.write_atomic(f"{job.home}/runs.json", json.dumps({"runs": {"tiny-baseline-s0": {}}}))
+    status = f"{job.home}/_status/tiny-baseline-s0.json"
+    paths.write_atomic(status, json.dumps({"state": "running"}))
+    fsspec.filesystem("gs").invalidate_cache()
+    assert not job.finished() and job.work_left_for("slice-a")
+    list(paths.resolve(f"{job.home}/_status").iterdir())  # listed here: the old size cached
+    other = fsspec.filesystem("gs", skip_instance_cache=True)  # another slice's client
+    done = {"state": "done", "finished_by": "slice-b", "attempts": [1, 2, 3]}
+    other.pipe_file(status.removeprefix("gs://"), json.dumps(done).encode())
+    assert job.finished()
+    assert not job.work_left_for("slice-a")
+
+
 def test_of_many_racing_claims_exactly_one_wins(tmp_path, gcs_bucket):  # noqa: F811
     """Threads and processes race for the same claims, in the bucket and on a local disk."""
     path = f"{gcs_bucket}/race/_claims/run-a.json"

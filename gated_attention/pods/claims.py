@@ -50,10 +50,7 @@ def try_claim(path: paths.PathLike, holder: str, **info: Any) -> bool:
 
 def read_claim(path: paths.PathLike) -> dict[str, Any] | None:
     """The claim's record, or None when nobody holds it."""
-    try:
-        return json.loads(paths.read_current(path))  # other slices rewrite it
-    except FileNotFoundError:
-        return None
+    return paths.read_json_current(path)  # other slices rewrite it
 
 
 def invalidate_listings() -> None:

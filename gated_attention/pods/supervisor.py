@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -85,13 +84,10 @@ class Job:
         home = paths.resolve(self.home)
         if self.kind == "run":
             return (home / "summary.json").exists()
-        manifest = home / "runs.json"
-        if not manifest.exists():
-            return False
-        names = json.loads(manifest.read_text()).get("runs", {})
+        names = (paths.read_json_current(home / "runs.json") or {}).get("runs", {})
         for name in names:
-            status = home / "_status" / f"{name}.json"
-            if not status.exists() or json.loads(status.read_text()).get("state") != "done":
+            status = paths.read_json_current(home / "_status" / f"{name}.json") or {}
+            if status.get("state") != "done":
                 return False
         return bool(names)
 
@@ -103,14 +99,11 @@ class Job:
 
         home = paths.resolve(self.home)
         claims.invalidate_listings()
-        manifest = home / "runs.json"
-        names = json.loads(manifest.read_text()).get("runs", {}) if manifest.exists() else {}
+        names = (paths.read_json_current(home / "runs.json") or {}).get("runs", {})
         if not names:
             return True
         for name in names:
-            status_file = home / "_status" / f"{name}.json"
-            state = (json.loads(status_file.read_text()).get("state")
-                     if status_file.exists() else None)
+            state = (paths.read_json_current(home / "_status" / f"{name}.json") or {}).get("state")
             if state == "done":
                 continue
             claim = name if state != "trained" else f"{name}.analysis"
