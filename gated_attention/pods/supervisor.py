@@ -81,7 +81,10 @@ class Job:
         return f"experiments.run_grid .*--root {self.home}( |$)"
 
     def finished(self) -> bool:
+        from gated_attention.pods import claims
+
         home = paths.resolve(self.home)
+        claims.invalidate_listings()  # the workers write the bucket, not this process
         if self.kind == "run":
             return (home / "summary.json").exists()
         names = (paths.read_json_current(home / "runs.json") or {}).get("runs", {})
