@@ -3,6 +3,8 @@
 `make durations` runs the whole suite as `make test` does (`pytest -n 2`) with
 GATED_ATTENTION_DURATIONS=<folder>: each worker writes there every test's wall seconds (setup,
 call and teardown) and every module- or session-scoped fixture's setup seconds, and
+every test's CPU seconds (this worker's and its waited-for subprocesses', setup to
+teardown: a subprocess's cost shows here, not in the wall time of a waiting worker), and
 `python tests/durations.py <folder>` merges them into tests/durations.json. tests/conftest.py
 reads it: a test is slow (besides those marked `@pytest.mark.slow`) if it took over
 SLOW_SECONDS, or if it uses a shared fixture whose setup did (so that leaving out the first
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -29,7 +32,17 @@ UNMEASURED_SECONDS = 1.0  # the weight of a test new since the last measurement
 
 def load() -> dict[str, dict[str, float]]:
     data = json.loads(PATH.read_text()) if PATH.exists() else {}
-    return {"tests": data.get("tests", {}), "fixtures": data.get("fixtures", {})}
+    return {kind: data.get(kind, {}) for kind in KINDS}
+
+
+KINDS = ("tests", "fixtures", "cpu")
+
+
+def cpu_seconds() -> float:
+    """User and system CPU seconds of this process and of its children it waited for."""
+    own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
+                                                          resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def fixture_key(fixturedef: pytest.FixtureDef) -> str:
@@ -62,7 +75,13 @@ class Recorder:
     set) that writes this worker's measurements into that folder."""
 
     def __init__(self, folder: str) -> None:
-        self.folder, self.tests, self.fixtures = Path(folder), {}, {}
+        self.folder, self.tests, self.fixtures, self.cpu = Path(folder), {}, {}, {}
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        start = cpu_seconds()
+        yield
+        self.cpu[item.nodeid] = round(cpu_seconds() - start, 2)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_fixture_setup(self, fixturedef, request):
@@ -79,15 +98,15 @@ class Recorder:
         self.folder.mkdir(parents=True, exist_ok=True)
         name = os.environ.get("PYTEST_XDIST_WORKER", "main")
         (self.folder / f"{name}.json").write_text(
-            json.dumps({"tests": self.tests, "fixtures": self.fixtures}))
+            json.dumps({"tests": self.tests, "fixtures": self.fixtures, "cpu": self.cpu}))
 
 
 def merge(folder: Path) -> dict[str, dict[str, float]]:
-    merged: dict[str, dict[str, float]] = {"tests": {}, "fixtures": {}}
+    merged: dict[str, dict[str, float]] = {kind: {} for kind in KINDS}
     for part in sorted(folder.glob("*.json")):
         data = json.loads(part.read_text())
         for kind in merged:
-            for key, seconds in data[kind].items():  # a fixture per worker: the longest
+            for key, seconds in data.get(kind, {}).items():  # a fixture per worker: the longest
                 merged[kind][key] = max(seconds, merged[kind].get(key, 0.0))
     return merged
 
@@ -102,13 +121,14 @@ def main(argv: list[str]) -> None:
     total = sum(merged["tests"].values())
     PATH.write_text(json.dumps({
         "about": "wall seconds per test (setup, call, teardown) and per shared fixture's "
-                 "setup, in one full `pytest -n 2` run; `make durations` rewrites this file",
+                 "setup, and CPU seconds per test (cpu: with its subprocesses), in one full "
+                 "`pytest -n 2` run; `make durations` rewrites this file",
         "total_seconds": round(total),
-        "tests": dict(sorted(merged["tests"].items())),
-        "fixtures": dict(sorted(merged["fixtures"].items()))}, indent=0) + "\n")
+        "cpu_seconds": round(sum(merged["cpu"].values())),
+        **{kind: dict(sorted(merged[kind].items())) for kind in KINDS}}, indent=0) + "\n")
     slow = sum(1 for s in merged["tests"].values() if s > SLOW_SECONDS)
-    print(f"{PATH}: {len(merged['tests'])} tests, {total:.0f} s in all; {slow} over "
-          f"{SLOW_SECONDS} s")
+    print(f"{PATH}: {len(merged['tests'])} tests, {total:.0f} s in all "
+          f"({sum(merged['cpu'].values()):.0f} CPU-s); {slow} over {SLOW_SECONDS} s")
 
 
 if __name__ == "__main__":

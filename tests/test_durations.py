@@ -37,7 +37,7 @@ def test_a_test_is_slow_by_its_own_time_or_a_shared_fixtures_setup():
 
 def test_workers_measurements_merge_into_one_file(tmp_path, monkeypatch):
     (tmp_path / "gw0.json").write_text(json.dumps(
-        {"tests": {"t::a": 2.0}, "fixtures": {"t::f": 5.0}}))
+        {"tests": {"t::a": 2.0}, "fixtures": {"t::f": 5.0}, "cpu": {"t::a": 3.5}}))
     (tmp_path / "gw1.json").write_text(json.dumps(
         {"tests": {"t::b": 0.5}, "fixtures": {"t::f": 7.0}}))  # the fixture built twice
     out = tmp_path / "durations.json"
@@ -46,3 +46,18 @@ def test_workers_measurements_merge_into_one_file(tmp_path, monkeypatch):
     data = json.loads(out.read_text())
     assert data["tests"] == {"t::a": 2.0, "t::b": 0.5} and data["total_seconds"] == 2
     assert data["fixtures"] == {"t::f": 7.0}  # the longest setup
+    assert data["cpu"] == {"t::a": 3.5} and data["cpu_seconds"] == 4  # gw1 measured no CPU
+
+
+def test_cpu_seconds_count_a_waited_for_subprocess():
+    """A test's CPU includes its subprocesses' (what its wall time, spent waiting, hides):
+    against the child's own count of its CPU time."""
+    import subprocess
+    import sys
+
+    before = durations.cpu_seconds()
+    child = subprocess.run([sys.executable, "-c", "import time\nend = time.process_time() + 0.5"
+                            "\nwhile time.process_time() < end: pass\nprint(time.process_time())"],
+                           capture_output=True, text=True, check=True)
+    spent = durations.cpu_seconds() - before
+    assert float(child.stdout) <= spent < float(child.stdout) + 0.5
