@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from gcs_server import gcs_bucket  # noqa: F401  (fixture)
 
-from gated_attention import cpu_compile
+from gated_attention import cpu_compile, paths
 from gated_attention.pods import cloud, worker_log
 
 REPO = Path(__file__).resolve().parents[1]
@@ -333,11 +333,25 @@ def test_a_supervised_run_preempted_twice_finishes_by_itself_as_if_uninterrupted
                          strict=True):
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
     print(f"preemptions: {first} {second}; events: {json.dumps(log)}")
-    # Each worker's log is copied into the bucket as it runs (launch.sh runs main.py under
-    # gated_attention.pods.worker_log).
-    text = bucket_objects(f"{run_dir}/logs")
+    # Each worker's log is copied into the bucket as it runs and when its command ends
+    # (launch.sh runs main.py under gated_attention.pods.worker_log), each attempt's after the
+    # earlier ones': three attempts, each ended, the preempted two by their SIGTERM. The last
+    # copy follows the summary the supervisor saw: it may land a moment after the supervisor
+    # ended.
+    def attempts_logged(worker: int) -> int:
+        name = f"{run_dir}/logs/worker-{worker}.log"
+        fresh()
+        try:
+            return paths.read_current(name).count("\n### exit ")
+        except FileNotFoundError:
+            return 0
+
     for worker in (0, 1):
-        assert any(p.endswith(f"worker-{worker}.log") for p in text), text
+        wait_for(lambda w=worker: attempts_logged(w) >= 3, 30,
+                 f"worker {worker}'s log to hold 3 attempts",
+                 on_timeout=lambda w=worker: f" (it holds {attempts_logged(w)}; objects: "
+                                             f"{bucket_objects(run_dir + '/logs')})")
+        assert attempts_logged(worker) == 3
 
 
 @pytest.mark.slow
