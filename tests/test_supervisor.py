@@ -14,6 +14,7 @@ import datetime
 import json
 import os
 import random
+import re
 import shlex
 import subprocess
 import sys
@@ -44,6 +45,9 @@ RUN_FLAGS = ["--config.model.num_layers=1", "--config.model.d_model=32",
              "--config.train.async_checkpoint=false"]
 # The workers compile as the test process does (tests/conftest.py), one device each.
 WORKER_XLA_FLAGS = cpu_compile.xla_flags(host_devices=1)
+# The stand-in's preempted workers get SIGTERM, then SIGKILL after its grace_s (10 s); the
+# supervisor waits this long before deleting such a slice (a real one: about 30 s).
+BROKEN_GRACE_S = 6
 
 
 class Pod:
@@ -292,7 +296,8 @@ def test_a_supervised_run_preempted_twice_finishes_by_itself_as_if_uninterrupted
     at a random moment after it resumed; nobody touches it meanwhile."""
     pod = Pod(tmp_path, gcs_bucket, name="spot")
     run_dir = f"{gcs_bucket}/ga/runs/r"
-    proc = pod.supervise("--name", "r", "--poll", "0.5", "--max-restarts", "4", "--", *RUN_FLAGS,
+    proc = pod.supervise("--name", "r", "--poll", "0.5", "--max-restarts", "4",
+                         "--broken-grace", str(BROKEN_GRACE_S), "--", *RUN_FLAGS,
                          wait=False)
     try:
         # "step 8/16" is printed just before the evaluation and the checkpoint of step 8
@@ -309,8 +314,11 @@ def test_a_supervised_run_preempted_twice_finishes_by_itself_as_if_uninterrupted
     finally:
         proc.kill()
     log = events(gcs_bucket, "runs/r/supervisor/events.jsonl")
-    assert actions(log) == ["start", "create", "setup", "launched", "recreate", "setup",
-                            "launched", "recreate", "setup", "launched", "done"], log
+    assert actions(log) == ["start", "create", "setup", "launched", "broken", "recreate",
+                            "setup", "launched", "broken", "recreate", "setup", "launched",
+                            "done"], log
+    for broken, recreate in zip(log[4::4], log[5::4], strict=True):  # the workers' grace
+        assert recreate["elapsed_s"] - broken["elapsed_s"] >= BROKEN_GRACE_S
     assert [r["attempt"] for r in log if r["action"] == "recreate"] == [1, 2]
     # Each recreate answers a preemption: the queued resource SUSPENDED, or (when the
     # preemption falls between the supervisor's two describes) ACTIVE with its VM PREEMPTED.
@@ -352,6 +360,11 @@ def test_a_supervised_run_preempted_twice_finishes_by_itself_as_if_uninterrupted
                  on_timeout=lambda w=worker: f" (it holds {attempts_logged(w)}; objects: "
                                              f"{bucket_objects(run_dir + '/logs')})")
         assert attempts_logged(worker) == 3
+    # The first preemption's SIGTERM came as step 8 ended: the run saved step 8 in its grace
+    # (deleting the slice at once had killed that save and the log copy: it resumed at 4).
+    first_resume = re.search(r"Resumed \S+ from its checkpoint at step (\d+)",
+                             paths.read_current(f"{run_dir}/logs/worker-0.log"))
+    assert first_resume and first_resume.group(1) == "8", first_resume
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Keep a run (or, with --grid, a grid) alive on the TPU until it is done, with no human: it
-# watches the slice, and on SUSPENDED, PREEMPTED, FAILED or a vanished VM deletes it, creates
+# watches the slice, and on SUSPENDED, PREEMPTED or FAILED deletes it once its workers had
+# --broken-grace seconds to save their checkpoint and logs (a vanished VM: at once), creates
 # it again, waits for ACTIVE, sets it up and launches again (the run resumes from its last
 # checkpoint, a grid skips its finished runs); a run that died on a healthy slice is launched
 # again. It stops when the bucket records completion (exit 0), or after --max-restarts
@@ -10,7 +11,7 @@
 # Start it in tmux or on a small always-on VM; it may create the TPU itself.
 #   tpu_scripts/supervise.sh --name NAME [--arch ARCH] [--variant VARIANT]
 #       [--grid experiments/grids/FILE.py [--claim]] [--max-restarts 10] [--poll 60]
-#       [--active-timeout 86400] [--config PATH] [--dry-run] [-- flags for launch]
+#       [--active-timeout 86400] [--broken-grace 30] [--config PATH] [--dry-run] [-- flags for launch]
 # Flags after `--` go to launch.sh's run (or launch_grid.sh's grid) as there. --dry-run
 # prints the loop's commands (every script's dry run) and changes nothing. A grid over K
 # slices: one settings file per slice (its own TPU_NAME, the same BUCKET), one supervisor
@@ -19,8 +20,10 @@
 source "$(cd "${BASH_SOURCE[0]%/*}" && pwd)/common.sh"
 parse_common_flags "$@"
 FLAG_name="" FLAG_arch="tiny" FLAG_variant="baseline" FLAG_grid="" FLAG_claim=0
-FLAG_max_restarts=10 FLAG_poll=60 FLAG_active_timeout=86400 FLAG_max_polls=""
-parse_flags name arch variant grid claim! max-restarts poll active-timeout max-polls
+FLAG_max_restarts=10 FLAG_poll=60 FLAG_active_timeout=86400 FLAG_broken_grace=30
+FLAG_max_polls=""
+parse_flags name arch variant grid claim! max-restarts poll active-timeout broken-grace \
+  max-polls
 load_settings
 require BUCKET TPU_TYPE
 check_name --name "$FLAG_name"
@@ -33,6 +36,7 @@ require_gcloud
 supervisor=(-m gated_attention.pods.supervisor --config "$CONFIG_FILE" --project "$PROJECT"
   --zone "$ZONE" --tpu-name "$TPU_NAME" --queued "$QUEUED" --bucket "$BUCKET"
   --max-restarts "$FLAG_max_restarts" --poll "$FLAG_poll" --active-timeout "$FLAG_active_timeout"
+  --broken-grace "$FLAG_broken_grace"
   --extra-ssh-args "${EXTRA_SSH_ARGS:-}")
 [[ -n "$FLAG_max_polls" ]] && supervisor+=(--max-polls "$FLAG_max_polls")
 ((DRY_RUN)) && supervisor+=(--dry-run)

@@ -11,11 +11,13 @@
   stop, exit 0;
 - the slice (cloud.Slice.health): MISSING: create it (create.sh); WAITING: wait (at most
   `--active-timeout` seconds in a row, then stop with a message); BROKEN (SUSPENDED,
-  PREEMPTED, FAILED, a vanished VM): a spot VM cannot be restarted: delete it (teardown.sh),
-  create it again; HEALTHY: if not set up since it was created, set up (setup.sh) and launch
-  (launch.sh / launch_grid.sh); if set up but no worker runs the job any more (it crashed, a
-  maintenance event restarted the VM, a watchdog ended it), launch again: the run resumes
-  from its last checkpoint, a grid skips its finished runs;
+  PREEMPTED, FAILED, a vanished VM): a spot VM cannot be restarted: after `--broken-grace`
+  seconds (a preempted VM's processes have about 30 s after their SIGTERM to save the step's
+  checkpoint and copy their logs; deleting the slice sooner kills both), delete it
+  (teardown.sh), create it again; HEALTHY: if not set up since it was created, set up
+  (setup.sh) and launch (launch.sh / launch_grid.sh); if set up but no worker runs the job
+  any more (it crashed, a maintenance event restarted the VM, a watchdog ended it), launch
+  again: the run resumes from its last checkpoint, a grid skips its finished runs;
 - every recreate and relaunch is a restart; after `--max-restarts` of them it stops (exit 1).
 
 Each event (time, state seen, action, attempt) goes to `<run>/supervisor/events.jsonl` in
@@ -121,6 +123,10 @@ class Options:
     poll_s: float = 60.0
     max_restarts: int = 10
     active_timeout_s: float = 24 * 3600.0
+    # A preempted VM's processes get SIGTERM about 30 s before it stops, while the API may
+    # already report it PREEMPTED/SUSPENDED: deleting it then kills the run's last
+    # checkpoint and its log copy. A broken slice is deleted once this long has passed.
+    broken_grace_s: float = 30.0
     max_polls: int | None = None   # tests: stop after that many polls (exit 1)
 
 
@@ -144,6 +150,7 @@ class Supervisor:
         self.create_failures = 0
         self.idle = False          # a claimed grid: nothing left here for this slice
         self.waiting_since: float | None = None
+        self.broken_since: float | None = None
 
     def _run_script(self, argv: list[str]) -> int:
         print(f"$ {' '.join(argv)}", flush=True)
@@ -199,6 +206,8 @@ class Supervisor:
         health = self.tpu.health()
         if health.kind != cloud.WAITING:
             self.waiting_since = None
+        if health.kind != cloud.BROKEN:
+            self.broken_since = None
         if health.kind == cloud.UNKNOWN:
             self.events.write(health.state, "retry", self.attempt, health.detail)
         elif health.kind == cloud.WAITING:
@@ -220,6 +229,15 @@ class Supervisor:
                 self.events.write(health.state, "create", self.attempt)
             self.create_failures = 0 if self.create(health.state) else self.create_failures + 1
         elif health.kind == cloud.BROKEN:
+            now = time.monotonic()
+            if self.broken_since is None:
+                self.broken_since = now
+                self.events.write(health.state, "broken", self.attempt,
+                                  f"its workers get --broken-grace="
+                                  f"{self.options.broken_grace_s:g} s to save and exit")
+            if now - self.broken_since < self.options.broken_grace_s:
+                return None
+            self.broken_since = None
             if not self.restart(health.state, "recreate", "a spot slice cannot be restarted: "
                                 "delete and create again"):
                 return EXIT_GAVE_UP
@@ -282,8 +300,9 @@ def dry_run(config: str, tpu: cloud.Slice, job: Job) -> int:
           f"--zone={tpu.zone} --worker=all --command="
           f"{cloud._quote('pgrep -f ' + cloud._quote(job.process_pattern))}\n"
           "# ... no worker runs it and it is not done: launch again (a restart)", flush=True)
-    show("SUSPENDED / PREEMPTED / FAILED / no VM: delete, then create, set up, launch "
-         "(a restart)", "teardown.sh", "--yes")
+    show("SUSPENDED / PREEMPTED / FAILED: after --broken-grace seconds (the workers' time to "
+         "save), delete, then create, set up, launch (a restart); no VM: the same at once",
+         "teardown.sh", "--yes")
     print(f"# events: {job.events_path(tpu.name)}", flush=True)
     return 0
 
@@ -313,6 +332,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="recreates + relaunches before giving up")
     parser.add_argument("--active-timeout", type=float, default=24 * 3600.0,
                         help="seconds a slice may wait for capacity before giving up")
+    parser.add_argument("--broken-grace", type=float, default=30.0,
+                        help="seconds a preempted or failed slice's workers get to save "
+                             "their checkpoint and logs before the slice is deleted")
     parser.add_argument("--max-polls", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--dry-run", action="store_true")
     sub = parser.add_subparsers(dest="kind", required=True)
@@ -329,9 +351,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.passthrough = tuple(passthrough)
     for flag, value, low in (("--max-restarts", args.max_restarts, 0), ("--poll", args.poll, 0),
-                             ("--active-timeout", args.active_timeout, 0)):
-        if value < low or (flag != "--max-restarts" and value == 0):
-            parser.error(f"{flag}={value} must be {'>= 0' if flag == '--max-restarts' else '> 0'}")
+                             ("--active-timeout", args.active_timeout, 0),
+                             ("--broken-grace", args.broken_grace, 0)):
+        at_least = flag in ("--max-restarts", "--broken-grace")
+        if value < low or (not at_least and value == 0):
+            parser.error(f"{flag}={value} must be {'>= 0' if at_least else '> 0'}")
     return args
 
 
@@ -348,7 +372,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dry_run:
         return dry_run(args.config, tpu, job)
     options = Options(poll_s=args.poll, max_restarts=args.max_restarts,
-                      active_timeout_s=args.active_timeout, max_polls=args.max_polls)
+                      active_timeout_s=args.active_timeout, broken_grace_s=args.broken_grace,
+                      max_polls=args.max_polls)
     code = Supervisor(args.config, tpu, job, options).loop()
     if code == EXIT_GAVE_UP:
         print(f"supervise: gave up on {job.kind} {job.name}; events in "
