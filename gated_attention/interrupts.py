@@ -7,8 +7,12 @@ resume).
 
 On several hosts every process must stop at the same step (the checkpoint is collective):
 - SIGTERM goes to jax's preemption notifier (started by jax.distributed.initialize), and
-  orbax's `reached_preemption(step)` says on every host alike when the agreed step comes;
-  so on several hosts this module leaves SIGTERM to that notifier;
+  orbax's `reached_preemption(n)` says on every host alike when the agreed call comes;
+  so on several hosts this module leaves SIGTERM to that notifier. Its `n` counts this
+  process's calls (1, 2, ...), not the run's step: the notifier agrees on "the largest
+  count any host has passed, plus one" and answers only a call with exactly that count, so
+  a notice during a resumed run's start-up (count 0: agreed 1) is never answered by calls
+  numbered from the resumed step;
 - a Ctrl-C on any host is shared at `sync_point` steps (those where the loop already waits
   for the devices to log metrics) through one small all-gather.
 """
@@ -31,6 +35,7 @@ class StopRequest:
     def __init__(self) -> None:
         self.signal_name: str | None = None
         self._previous: dict[int, Any] = {}
+        self._calls = 0  # should_stop calls: the preemption notifier's counter
 
     def install(self) -> StopRequest:
         if threading.current_thread() is not threading.main_thread():
@@ -64,7 +69,8 @@ class StopRequest:
             return self.signal_name is not None
         from orbax.checkpoint import multihost
 
-        if multihost.reached_preemption(step):
+        self._calls += 1
+        if multihost.reached_preemption(self._calls):
             self.signal_name = self.signal_name or "SIGTERM"
             return True
         if not sync_point:
