@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import test_supervisor
 from gcs_server import gcs_bucket  # noqa: F401  (fixture)
 from test_supervisor import Pod, bucket_objects, fresh, supervisor_output, wait_for
 
@@ -130,8 +131,8 @@ def test_a_grid_on_two_slices_one_preempted_finishes_every_run_once(tmp_path,
     grid = "experiments/grids/smoke.py"
     root = f"{gcs_bucket}/ga/grids/g"
     flags = ["--grid", grid, "--name", "g", "--claim", "--poll", "0.5", "--max-restarts", "3",
-             "--", "--seeds", "0,1", "--command", FAKE_TRAIN, "--analyze_command",
-             "{python} -c pass"]
+             "--broken-grace", str(test_supervisor.BROKEN_GRACE_S), "--", "--seeds", "0,1",
+             "--command", FAKE_TRAIN, "--analyze_command", "{python} -c pass"]
     runs = run_grid.grid_lib.grid_runs(grid, "tiny", [0, 1])
     assert len(runs) == 4
     procs = [pod.supervise(*flags, wait=False) for pod in pods]
