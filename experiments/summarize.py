@@ -178,7 +178,9 @@ def group_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         first = members[0]
         g: dict[str, Any] = {"group": group, "label": first["label"],
                              "variant": first["variant"], "seeds": len(done),
-                             "failed": len(members) - len(done),
+                             "failed": sum(m["state"] == "failed" for m in members),
+                             "unfinished": sum(m["state"] not in ("done", "failed")
+                                               for m in members),
                              "lr_multiplier": first.get("lr_multiplier")}
         for key in ("ppl", "eval_ppl", "eval_loss", "train_loss", "f_attn", "sink_rate",
                     "m_act", "gate", "spikes", "params_added_m", *SINK_TASK_KEYS):
@@ -250,6 +252,7 @@ def markdown(root: epath.Path, manifest: Mapping[str, Any] | None,
         lines.append(
             f"| {g['label']} (`{g['group']}`) | {g['seeds']}"
             + (f" ({g['failed']} failed)" if g["failed"] else "")
+            + (f" ({g['unfinished']} not done)" if g["unfinished"] else "")
             + f" | {_pm(g, 'ppl')} | {_fmt(g['paper_ppl'])} | {_pm(g, 'f_attn')} "
             f"| {_fmt(g['paper_f_attn'])} | {_pm(g, 'sink_rate', 2)} | {_pm(g, 'm_act')} "
             f"| {_fmt(g['paper_m_act'])} | {_pm(g, 'gate')} | {_fmt(g['paper_gate'])} "

@@ -342,3 +342,27 @@ def test_every_tiny_run_is_a_valid_config():
             config.update_from_flattened_dict(overrides)
             cfg = config_lib.model_config(config)
             assert cfg.variant.name == run.variant and cfg.mlp_dim > 0
+
+
+def test_a_running_run_is_counted_as_not_done_and_a_failed_one_as_failed(tmp_path):
+    """The summary's seed count: done runs, then "(N failed)" for runs whose status is
+    failed and "(N not done)" for those still pending or training (it had called a training
+    run failed)."""
+    runs = {}
+    for seed, state in enumerate(("done", "failed", "training")):
+        name = f"tiny-baseline-s{seed}"
+        runs[name] = {"name": name, "arch": "tiny", "variant": "baseline", "seed": seed,
+                      "overrides": {}, "table": "", "paper": {}, "label": "baseline"}
+        (tmp_path / "_status").mkdir(exist_ok=True)
+        (tmp_path / "_status" / f"{name}.json").write_text(json.dumps({"state": state}))
+    (tmp_path / "tiny-baseline-s0" / "analysis").mkdir(parents=True)
+    (tmp_path / "tiny-baseline-s0" / "analysis" / "analysis.json").write_text(json.dumps({
+        "perplexity": 30.0, "first_token_attention": 0.4, "massive_activation": 50.0,
+        "gate_score_mean": None, "sink_rate": 0.0, "step": 20,
+        "params": {"params_added_vs_baseline": 0},
+        "stability": {"train": {"spikes": 0, "diverged": False}}}))
+    (tmp_path / "runs.json").write_text(json.dumps({"grid": "g.py", "scale": "tiny",
+                                                    "runs": runs}))
+    assert summarize.main([str(tmp_path)]) == 0
+    text = (tmp_path / "summary.md").read_text()
+    assert "| baseline (`tiny-baseline`) | 1 (1 failed) (1 not done) |" in text
