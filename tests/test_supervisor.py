@@ -417,3 +417,41 @@ def test_one_worker_killed_the_other_ends_with_its_stack_and_the_run_is_restarte
     np.testing.assert_allclose([r["loss"] for r in metrics if r["kind"] == "train"],
                                [r["loss"] for r in reference_run[0] if r["kind"] == "train"],
                                rtol=1e-5)
+
+
+class FakeSlice:
+    """A slice whose describe always answers `state` (cloud.Slice's interface)."""
+
+    name = "fake"
+
+    def __init__(self, kind: str, state: str) -> None:
+        self.answer = cloud.Health(kind, state)
+
+    def health(self) -> cloud.Health:
+        return self.answer
+
+
+@pytest.mark.parametrize("state, waits", [("SUSPENDED", True), ("ACTIVE/NO_NODE", False)])
+def test_a_preempted_slice_is_deleted_after_the_grace_a_vanished_vm_at_once(tmp_path, state,
+                                                                           waits):
+    """The supervisor alone (its scripts recorded, not run): a slice reported SUSPENDED is
+    left alone for --broken-grace seconds (its workers may still be saving), then deleted
+    and created again; an ACTIVE queued resource whose VM is gone is recreated at once."""
+    from gated_attention.pods.supervisor import Job, Options, Supervisor
+
+    scripts: list[str] = []
+    job = Job(kind="run", name="r", bucket=str(tmp_path))
+    supervisor = Supervisor("pod.env", FakeSlice(cloud.BROKEN, state), job,
+                            Options(broken_grace_s=0.5), sleep=time.sleep,
+                            run=lambda argv: scripts.append(Path(argv[1]).name) or 0)
+    supervisor.launched = supervisor.set_up = True  # the run was going when it broke
+    assert supervisor.step() is None
+    if waits:
+        assert scripts == [] and supervisor.attempt == 0  # inside the grace: nothing deleted
+        assert supervisor.step() is None and scripts == []
+        time.sleep(0.5)
+        assert supervisor.step() is None
+    assert scripts == ["teardown.sh", "create.sh"] and supervisor.attempt == 1
+    logged = [json.loads(line)["action"] for line in (
+        tmp_path / "runs" / "r" / "supervisor" / "events.jsonl").read_text().splitlines()]
+    assert logged == (["broken", "recreate"] if waits else ["recreate"])

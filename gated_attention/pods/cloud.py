@@ -20,6 +20,7 @@ import subprocess
 from collections.abc import Sequence
 
 HEALTHY, WAITING, BROKEN, MISSING, UNKNOWN = "HEALTHY", "WAITING", "BROKEN", "MISSING", "UNKNOWN"
+NO_NODE = "NO_NODE"  # the state shown for an ACTIVE queued resource whose VM vanished
 GOOD_STATES = {"ACTIVE", "READY"}
 WAIT_STATES = {"WAITING_FOR_RESOURCES", "ACCEPTED", "PROVISIONING", "CREATING", "STARTING",
                "RESTARTING", "REPAIRING", "DELETING", "SUSPENDING", "STATE_UNSPECIFIED"}
@@ -91,7 +92,7 @@ class Slice:
         prefix = "ACTIVE/" if self.queued else ""
         if node is None:
             if error == "NOT_FOUND":  # an ACTIVE queued resource without its VM: vanished
-                return Health(BROKEN if self.queued else MISSING, f"{prefix}NO_NODE", error)
+                return Health(BROKEN if self.queued else MISSING, f"{prefix}{NO_NODE}", error)
             return Health(UNKNOWN, f"{prefix}?", error)
         return Health(classify(node), f"{prefix}{node}")
 

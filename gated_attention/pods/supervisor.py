@@ -230,6 +230,8 @@ class Supervisor:
             self.create_failures = 0 if self.create(health.state) else self.create_failures + 1
         elif health.kind == cloud.BROKEN:
             now = time.monotonic()
+            if health.state.endswith(cloud.NO_NODE):  # the VM is gone: nothing to wait for
+                self.broken_since = now - self.options.broken_grace_s
             if self.broken_since is None:
                 self.broken_since = now
                 self.events.write(health.state, "broken", self.attempt,
