@@ -229,16 +229,15 @@ class Supervisor:
                 self.events.write(health.state, "create", self.attempt)
             self.create_failures = 0 if self.create(health.state) else self.create_failures + 1
         elif health.kind == cloud.BROKEN:
-            now = time.monotonic()
-            if health.state.endswith(cloud.NO_NODE):  # the VM is gone: nothing to wait for
-                self.broken_since = now - self.options.broken_grace_s
-            if self.broken_since is None:
-                self.broken_since = now
-                self.events.write(health.state, "broken", self.attempt,
-                                  f"its workers get --broken-grace="
-                                  f"{self.options.broken_grace_s:g} s to save and exit")
-            if now - self.broken_since < self.options.broken_grace_s:
-                return None
+            if not health.state.endswith(cloud.NO_NODE):  # a vanished VM: nothing to wait for
+                now = time.monotonic()
+                if self.broken_since is None:
+                    self.broken_since = now
+                    self.events.write(health.state, "broken", self.attempt,
+                                      f"its workers get --broken-grace="
+                                      f"{self.options.broken_grace_s:g} s to save and exit")
+                if now - self.broken_since < self.options.broken_grace_s:
+                    return None
             self.broken_since = None
             if not self.restart(health.state, "recreate", "a spot slice cannot be restarted: "
                                 "delete and create again"):
