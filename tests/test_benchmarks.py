@@ -180,10 +180,10 @@ def test_xla_is_not_timed_at_16k_and_triton_mha_not_with_gqa():
 
 
 @pytest.mark.slow
+@pytest.mark.needs("jax_plugins.xla_cuda12")
 def test_preflight_memory_rehearses_on_this_cpu():
     """The memory step's pre-flight half runs here (deviceless, for an H200); the measured
     half says n/a without a GPU. About 20 s of CPU."""
-    pytest.importorskip("jax_plugins.xla_cuda12", reason="the CUDA compile pair")
     result = subprocess.run([sys.executable, str(BENCH / "preflight_memory.py"), "--small"],
                             cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -67,25 +67,23 @@ def test_the_quick_starts_second_run_changes_one_field_of_the_first():
     assert 0 < a["train.checkpoint_every"] < a["train.steps"]
 
 
+@pytest.mark.needs("ruff")
 def test_the_readmes_python_example_defines_every_name_it_uses():
     """ruff's undefined-name rule (F821) over the example as written (running it eagerly
     takes half a minute of op-by-op compiles, which the model tests cover)."""
     code = next(b for b in blocks(README, "python") if "build_model" in b)
-    ruff = Path(sys.executable).with_name("ruff")
-    if not ruff.exists():
-        pytest.skip("ruff is installed with the test extras (make test)")
-    result = subprocess.run([str(ruff), "check", "--isolated", "--select", "F821,F401",
-                             "--stdin-filename", "example.py", "-"], input=code,
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--select",
+                             "F821,F401", "--stdin-filename", "example.py", "-"], input=code,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout
     assert "tokens = " in code.split("model(tokens)")[0]
 
 
+@pytest.mark.needs("libtpu")
 def test_a_cpu_run_keeps_libtpu_out_and_tpu_targets_still_compile():
     """With libtpu installed (jax registers a TPU backend and would start libtpu first), a
     process importing the package on a machine without a TPU never starts libtpu's runtime:
     no host-bounds or worker-hostname noise; compiling for a TPU target still works."""
-    pytest.importorskip("libtpu")
     import gated_attention
 
     if any(vendor in (gated_attention._TPU_VENDOR, *gated_attention._GPU_VENDORS)

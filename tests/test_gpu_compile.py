@@ -21,12 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-pytest.importorskip("jax_plugins.xla_cuda12",
-                    reason="the CUDA compile pair (make install-test) compiles for GPU targets")
-
-from gated_attention import gpu_targets, target_compile  # noqa: E402
-from gated_attention.ops import block_sizes, cudnn, cudnn_packed, pallas_gpu  # noqa: E402
-from gated_attention.ops.target import compiling_for  # noqa: E402
+from gated_attention import gpu_targets, target_compile
+from gated_attention.ops import block_sizes, cudnn, cudnn_packed, pallas_gpu
+from gated_attention.ops.target import compiling_for
 
 TRITON = "__gpu$xla.gpu.triton"
 # The GPU each row of ops/block_sizes.py is for (GH200 has the H200's SM; the generic row is
@@ -105,6 +102,7 @@ COVER = [Kernel("elementwise", "softmax", True, 2),
 CASES = {"h200": COVER, "h100": COVER[:1]}
 
 
+@pytest.mark.needs("jax_plugins.xla_cuda12")
 @pytest.mark.parametrize("gpu", ["h100", "h200"])
 def test_gated_triton_kernel_compiles_forward_and_backward_for_hopper(gpu):
     calls = custom_calls(compile_kernels(gpu, CASES[gpu]))
@@ -132,6 +130,7 @@ def row_groups() -> dict[str, list[str]]:
     return {kinds[0]: kinds for kinds in groups.values()}
 
 
+@pytest.mark.needs("jax_plugins.xla_cuda12")
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(row_groups()))
 def test_every_gpu_row_of_the_tile_table_compiles_for_its_gpu(kind):
@@ -147,6 +146,7 @@ def test_every_gpu_row_of_the_tile_table_is_compiled_above():
     assert set(block_sizes.TABLE) - {"tpu", "cpu"} == set(ROW_GPU)
 
 
+@pytest.mark.needs("jax_plugins.xla_cuda12")
 def test_a_tile_row_over_the_gpus_shared_memory_fails_to_compile():
     """256 x 256 tiles at head_dim 256 with 4 stages need about 1 MiB of shared memory: the
     A100's 163 KiB (and any GPU's) refuse it, so a table like that fails the suite."""
@@ -175,12 +175,14 @@ def compile_cudnn(gpu: str, impl: str, head_dim: int):
         return jax.jit(grad).lower(q, kv, kv, q, seg).compile()
 
 
+@pytest.mark.needs("jax_plugins.xla_cuda12")
 @pytest.mark.parametrize("impl", ["cudnn", "cudnn_packed"])
 def test_cudnn_compiles_for_h200_with_the_checks_answered_for_it(impl):
     calls = custom_calls(compile_cudnn("h200", impl, 256))
     assert "__cudnn$fmhaSoftmax" in calls and "__cudnn$fmhaSoftmaxBackward" in calls, calls
 
 
+@pytest.mark.needs("jax_plugins.xla_cuda12")
 def test_cudnn_is_refused_what_the_a100_cannot_do():
     """jax refuses head_dim 256 below Hopper, and the packed layout too: asked about the
     A100 target (not this host, which has no GPU), it says so."""

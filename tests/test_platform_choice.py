@@ -67,21 +67,20 @@ def host_callbacks(text: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def tpu_devices():
-    pytest.importorskip("libtpu", reason="libtpu (make install-test) compiles for TPU targets")
+def tpu_devices():  # for tests marked needs("libtpu")
     from gated_attention.target_compile import tpu_devices
 
     return tpu_devices("v5e:2x2")
 
 
 @pytest.fixture(scope="module")
-def gpu_devices():
-    pytest.importorskip("jax_plugins.xla_cuda12", reason="the CUDA compile pair compiles for GPUs")
+def gpu_devices():  # for tests marked needs("jax_plugins.xla_cuda12")
     from gated_attention import gpu_targets, target_compile
 
     return target_compile.gpu_devices(gpu_targets.parse_accelerator("h200-2"))
 
 
+@pytest.mark.needs("libtpu")
 @pytest.mark.parametrize("impl", ["pallas_tpu", "auto"])
 def test_plain_aot_for_tpu_devices_holds_mosaic_kernels_and_no_host_callback(tpu_devices, impl):
     def loss(*args):
@@ -104,6 +103,7 @@ def test_export_for_tpu_carries_the_mosaic_kernel():
     assert "tpu_custom_call" in custom_calls(text) and not host_callbacks(text)
 
 
+@pytest.mark.needs("jax_plugins.xla_cuda12")
 @pytest.mark.parametrize("impl, kernel", [("pallas_gpu", "__gpu$xla.gpu.triton"),
                                           ("auto", "__gpu$xla.gpu.triton")])
 def test_plain_aot_for_gpu_devices_holds_triton_kernels(gpu_devices, impl, kernel):
@@ -114,6 +114,7 @@ def test_plain_aot_for_gpu_devices_holds_triton_kernels(gpu_devices, impl, kerne
     assert kernel in custom_calls(text) and not host_callbacks(text)
 
 
+@pytest.mark.needs("jax_plugins.xla_cuda12")
 def test_plain_aot_for_gpu_devices_takes_cudnn_for_unpacked_16_bit(gpu_devices):
     """auto without segment ids in bfloat16 takes cuDNN: jax's host checks are answered for
     the target (this host has neither a GPU nor cuDNN)."""

