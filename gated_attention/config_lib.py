@@ -20,10 +20,10 @@ from gated_attention import model_config as model_config_lib
 from gated_attention import optim, train_config
 from gated_attention.accounting import count_params
 from gated_attention.analysis import stability
-from gated_attention.config_checks import ConfigError, choice, require
+from gated_attention.config_checks import ConfigError, choice
 from gated_attention.data import registry as data_registry
 from gated_attention.layers.rope import RopeScaling
-from gated_attention.model_config import DTYPES, ModelConfig  # noqa: F401 - re-exported
+from gated_attention.model_config import ModelConfig
 from gated_attention.variants import VARIANTS, AttentionVariant, VariantError, get_variant
 
 # Shapes from the paper (docs/method.md); `tiny` trains in seconds on a CPU.
@@ -106,11 +106,10 @@ ARCH_TRAINING: dict[str, dict[str, Any]] = {
 # compiling layer by layer takes minutes.
 SCANNED_ARCHS = ("dense_1p7b_28l", "dense_1p7b_48l", "moe_15a2b")
 _MODEL_FIELDS = model_config_lib.MODEL_FIELDS
-_choice, _check = choice, require
 
 
 def model_section(arch: str) -> ml_collections.ConfigDict:
-    _choice("arch", arch, ARCHS)
+    choice("arch", arch, ARCHS)
     # ModelConfig's own defaults (one default per field), then the arch's shapes.
     fields = {f.name: f.default for f in dataclasses.fields(ModelConfig)
               if f.name in _MODEL_FIELDS and f.default is not dataclasses.MISSING}
@@ -274,7 +273,7 @@ def check_labels(config: ml_collections.ConfigDict) -> None:
             config.variant = label
         except (AttributeError, TypeError, ValueError):
             pass  # a frozen config: checked above, left as it is
-    _choice("arch", config.arch, ARCHS)
+    choice("arch", config.arch, ARCHS)
     same = [name for name, fields in ARCHS.items()
             if all(config.model.get(k) == v for k, v in fields.items())]
     if same and config.arch not in same:
@@ -287,7 +286,7 @@ def check_labels(config: ml_collections.ConfigDict) -> None:
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     """The frozen ModelConfig for a run config, validated by model_config (raises ConfigError,
     never compiles); Table 2's narrowed FFN applied when model.narrow_ffn_to_match_baseline."""
-    _choice("arch", config.arch, ARCHS)
+    choice("arch", config.arch, ARCHS)
     cfg = model_config_lib.from_sections(config.model, config.attention)
     if config.model.get("narrow_ffn_to_match_baseline", False):
         cfg = narrow_ffn_to_match_baseline(cfg)
@@ -344,11 +343,6 @@ def table_row_config(arg: str | None, rows: tuple[str, ...],
         raise ConfigError(f"variant={variant!r} is not a row of this table; choose one of "
                           f"{', '.join(rows)}")
     return base_config(options.get("arch", default_arch), variant)
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
 
 
 def check_epochs(config: ml_collections.ConfigDict, data_summary: dict[str, Any]

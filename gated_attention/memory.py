@@ -32,7 +32,7 @@ from jax.sharding import PartitionSpec
 
 from gated_attention import sharding
 from gated_attention.accounting import gate_width, param_leaves
-from gated_attention.config_lib import ModelConfig
+from gated_attention.model_config import ModelConfig
 
 GiB = 1024**3
 # Memory per chip (HBM) of the accelerators people train these models on.

@@ -2,7 +2,7 @@
 
 A variant is a small frozen dataclass validated once at construction. The model is built from
 it in three places (layers/gates.py, layers/attention.py, and layers/block.py for
-sandwich norm); two more branch on it to check and count (config_lib.ModelConfig: heads,
+sandwich norm); two more branch on it to check and count (model_config.ModelConfig: heads,
 experts, Switch-Head bias; accounting.py: gate parameters). The rest only read fields to
 report or map them (analysis/stats.py, telemetry.py, intervene.py, hf/).
 The general form of a gate is `Y' = Y (op) act(X W)` (docs/method.md), so each axis of variation

@@ -10,10 +10,10 @@ from flax import nnx
 from test_beyond_variants import numpy_variant, randomise, tiny_cfg
 
 from gated_attention import generate as gen
-from gated_attention.config_lib import ModelConfig
 from gated_attention.layers.attention import Attention
 from gated_attention.layers.kv_cache import KVCache
 from gated_attention.model import build_model
+from gated_attention.model_config import ModelConfig
 from gated_attention.variants import VARIANTS
 
 

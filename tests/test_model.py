@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention.config_lib import ModelConfig, base_config, model_config
+from gated_attention.config_lib import base_config, model_config
 from gated_attention.inspect import count_params
 from gated_attention.losses import cross_entropy
 from gated_attention.model import build_model
+from gated_attention.model_config import ModelConfig
 from gated_attention.variants import VARIANTS
 
 

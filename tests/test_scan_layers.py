@@ -8,8 +8,8 @@ import pytest
 from flax import nnx
 
 from gated_attention import capture, config_lib
-from gated_attention.config_lib import ModelConfig
 from gated_attention.model import Transformer, build_model, stack_layer_params, unstack_layer_params
+from gated_attention.model_config import ModelConfig
 from gated_attention.variants import VARIANTS
 
 

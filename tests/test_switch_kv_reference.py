@@ -10,9 +10,9 @@ import numpy_reference as ref
 import pytest
 from flax import nnx
 
-from gated_attention.config_lib import ModelConfig
 from gated_attention.layers.attention import Attention
 from gated_attention.layers.block import DecoderBlock
+from gated_attention.model_config import ModelConfig
 from gated_attention.variants import VARIANTS
 
 pytestmark = pytest.mark.reference("independent")

@@ -23,6 +23,7 @@ from gated_attention import config_lib
 from gated_attention.config_lib import ConfigError
 from gated_attention.hf import layouts, next_config
 from gated_attention.hf.rope_fields import hf_rope_scaling, rope_fields
+from gated_attention.model_config import ModelConfig
 
 DENSE_ARCHITECTURE, MOE_ARCHITECTURE = "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"
 ARCHITECTURES = {DENSE_ARCHITECTURE: "qwen3", MOE_ARCHITECTURE: "qwen3_moe"}
@@ -191,7 +192,7 @@ def source_layout(config: ml_collections.ConfigDict) -> str:
     return detect(original)[0] if original else "official"
 
 
-def check_exportable(cfg: config_lib.ModelConfig, layout: layouts.Layout) -> None:
+def check_exportable(cfg: ModelConfig, layout: layouts.Layout) -> None:
     """One-line refusals of what `layout` cannot express exactly, before anything is written."""
     variant = cfg.variant
     if variant != config_lib.get_variant(variant.name):

@@ -21,15 +21,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gated_attention import config_lib
-from gated_attention.config_lib import ConfigError, ModelConfig
+from gated_attention import model_config
+from gated_attention.config_lib import ConfigError
 from gated_attention.hf.layouts import LAYOUTS, Layout
+from gated_attention.model_config import ModelConfig
 
 Tensors = dict[str, np.ndarray]
 Params = dict[str, np.ndarray]  # dotted project paths, e.g. "layers.0.attention.q_proj"
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints carry
-# The model dtypes (config_lib.DTYPES) as numpy dtypes, for the arrays of a checkpoint file.
-DTYPES = {name: np.dtype(dtype) for name, dtype in config_lib.DTYPES.items()}
+# The model dtypes (model_config.DTYPES) as numpy dtypes, for the arrays of a checkpoint file.
+DTYPES = {name: np.dtype(dtype) for name, dtype in model_config.DTYPES.items()}
 
 
 OFFICIAL = LAYOUTS["official"]
