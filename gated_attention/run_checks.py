@@ -83,8 +83,6 @@ def _check_local(config: Any, vocab: int, saved: Any, inputs: bool) -> dict[str,
         local = pipeline.load_local_data(data, vocab)
     except RuntimeError as err:  # SentencePiece's trainer
         raise ConfigError(_tokenizer_error(config, str(err))) from None
-    except KeyError as err:  # a .jsonl record without data.text_key (the message says so)
-        raise ConfigError(_one_line(str(err).strip("'\""))) from None
     except (OSError, ValueError) as err:
         field = "data.tokenizer_path" if data.tokenizer_path else "data.paths"
         if data.source != "files" and not data.tokenizer_path:
@@ -98,10 +96,7 @@ def _check_local(config: Any, vocab: int, saved: Any, inputs: bool) -> dict[str,
                           f"({held_out} tokens): lower data.seq_len, raise data.eval_fraction, "
                           "or set train.eval_batches=0")
     if train.eval_batches:
-        try:  # one held-out batch can be filled
-            pipeline.eval_batches(local, data, train.batch_size, 1)
-        except ValueError as err:
-            raise ConfigError(_one_line(f"data: {err}")) from None
+        pipeline.eval_batches(local, data, train.batch_size, 1)  # ConfigError if none fills
     epochs = config_lib.check_epochs(config, local.summary)
     return {"tokenizer_vocab": local.tokenizer.vocab_size,
             "train_tokens": local.summary["train"]["tokens"], "epochs": epochs}

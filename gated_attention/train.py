@@ -333,16 +333,13 @@ def check_run(config: Any, devices: list[Any] | None = None
 
 
 def _load_inputs(config: Any, target: Any, shard_index: int, shard_count: int) -> Any:
-    """The run's data; a mistake in the data settings becomes a one-line ConfigError."""
+    """The run's data. The sources raise ConfigError (one line at the entry point) for a
+    mistake in the data settings or files; any other exception is a bug and keeps its
+    traceback."""
     from gated_attention import data as data_lib
 
-    try:
-        inputs = data_lib.build_inputs(config, target, process_index=shard_index,
-                                       process_count=shard_count)
-    except config_lib.ConfigError:
-        raise
-    except (ValueError, KeyError, FileNotFoundError) as err:
-        raise config_lib.ConfigError(f"data: {_one_line(err)}") from None
+    inputs = data_lib.build_inputs(config, target, process_index=shard_index,
+                                   process_count=shard_count)
     held_out = (inputs.summary or {}).get("held_out", {}).get("tokens")
     seq_len = config.data.seq_len
     if config.train.eval_batches and held_out is not None and held_out < seq_len + 1:

@@ -137,7 +137,7 @@ CASES = [  # (id, extra flags, workdir set-up, the error line)
      r"^Config error: train.steps=100000 x train.batch_size=8 x data.seq_len=32 = .* epochs of "
      r"the training split .* more than data.max_epochs="),
     ("held_out_under_one_batch", ["--config.data.seq_len=4096"], None,
-     r"^Config error: data: the held-out split has too few tokens \(\d+\) for one batch of 8 x "
+     r"^Config error: the held-out split has too few tokens \(\d+\) for one batch of 8 x "
      r"4096; raise data.eval_fraction or lower train.batch_size$"),
     ("workdir_is_a_file", [], a_file, r"^Error: --workdir=.* is a file, not a folder"),
     ("workdir_below_a_file", [], below_a_file, r"^Error: --workdir=.* cannot be created: .* "

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gated_attention import config_lib
+from gated_attention.config_checks import ConfigError
 from gated_attention.data import corpus, packing, pipeline, tokenizer
 
 
@@ -135,7 +136,7 @@ def test_byte_tokenizer_round_trip_and_vocab_check():
     ids = tok.encode(["héllo"])[0]
     assert ids.tolist() == [b + tokenizer.BYTE_OFFSET for b in "héllo".encode()]
     assert tok.decode(ids) == "héllo"
-    with pytest.raises(ValueError, match="vocab_size=200.*>= 259"):
+    with pytest.raises(ConfigError, match="vocab_size=200.*>= 259"):
         tokenizer.ByteTokenizer(200)
 
 
@@ -150,7 +151,7 @@ def test_sentencepiece_trains_once_then_comes_from_cache(tmp_path):
     stamp = cached[0].stat().st_mtime_ns
     tokenizer.get_tokenizer("sentencepiece", 400, docs, cache_dir=str(tmp_path / "cache"))
     assert cached[0].stat().st_mtime_ns == stamp  # not retrained
-    with pytest.raises(ValueError, match="has 400 tokens but model.vocab_size=512"):
+    with pytest.raises(ConfigError, match="has 400 tokens but model.vocab_size=512"):
         tokenizer.get_tokenizer("sentencepiece", 512, workdir=tmp_path / "run")
 
 
@@ -169,7 +170,15 @@ def test_text_files_read_txt_and_jsonl(tmp_path):
     docs = corpus.text_files(f"{tmp_path}/*.txt,{tmp_path}/b.jsonl")
     assert [d.text for d in docs] == ["first document", "one", "two"]
     (tmp_path / "c.jsonl").write_text('{"body": "x"}\n')
-    with pytest.raises(KeyError, match="no field 'text'"):
+    with pytest.raises(ConfigError, match=r"c\.jsonl:1 has no field 'text' \(data\.text_key\)"):
         corpus.text_files(str(tmp_path / "c.jsonl"))
-    with pytest.raises(FileNotFoundError, match="matches no file"):
+    (tmp_path / "d.jsonl").write_text('{"text": "one"}\nnot json\n')
+    with pytest.raises(ConfigError, match=r"d\.jsonl:2 is not a JSON record"):
+        corpus.text_files(str(tmp_path / "d.jsonl"))
+    (tmp_path / "e.txt").write_bytes(b"\xff\xfe binary")
+    with pytest.raises(ConfigError, match=r"^data\.paths: '.*e\.txt' is not UTF-8 text"):
+        corpus.text_files(str(tmp_path / "e.txt"))
+    # a user error, and still a missing file to callers that ask for one
+    with pytest.raises(ConfigError, match="matches no file") as missing:
         corpus.text_files(str(tmp_path / "missing*.txt"))
+    assert isinstance(missing.value, FileNotFoundError)

@@ -42,6 +42,27 @@ def test_a_code_bug_in_validation_keeps_its_traceback(monkeypatch, bug):
         run_main(monkeypatch)
 
 
+def test_a_code_bug_inside_a_data_source_keeps_its_traceback(monkeypatch, tmp_path):
+    """A KeyError raised while a source builds the run's inputs is a bug, not the user's
+    input: it reaches the caller as a KeyError with its frames, never a one-line ConfigError
+    (the sources raise ConfigError themselves for bad settings and files)."""
+    from gated_attention.data import bigram_backcopy
+
+    def summary(chain, data_config):  # a lookup of a field that does not exist: a bug
+        return {"alpha": data_config.backcopy_alpha}["backcopy_sead"]
+
+    monkeypatch.setattr(bigram_backcopy, "summary", summary)
+    argv = [*ARGV[:2], f"--workdir={tmp_path / 'run'}", *ARGV[3:],
+            "--config.data.source=bigram_backcopy", "--config.train.steps=1",
+            "--config.optimizer.warmup_steps=0"]  # (were the bug missed: one step, not 300)
+    with pytest.raises(KeyError, match="backcopy_sead") as raised:
+        run_main(monkeypatch, argv)
+    assert not isinstance(raised.value, errors.UserError)
+    assert raised.value.__cause__ is None and raised.traceback[-1].name == "summary"
+    assert [entry.name for entry in raised.traceback].count("build_inputs") >= 1
+    assert not (tmp_path / "run").exists()  # refused before the workdir was claimed
+
+
 def test_a_code_bug_in_the_config_file_keeps_its_traceback(monkeypatch):
     def broken(*args, **kwargs):
         raise AttributeError("'NoneType' object has no attribute 'seq_len'")

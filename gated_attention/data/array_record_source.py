@@ -23,8 +23,8 @@ import grain
 import numpy as np
 
 from gated_attention import paths
+from gated_attention.config_checks import ConfigError
 from gated_attention.data import streams
-from gated_attention.errors import UserError
 
 FIELDS = dict(paths="")  # the folder of prepared shards (source=files: paths or globs)
 TOKENIZER_IN_DATA = True  # the folder holds the tokenizer it was made with
@@ -35,7 +35,7 @@ TRAIN, HELD_OUT = "train", "held_out"
 READ_OPTIONS = grain.ReadOptions(num_threads=4, prefetch_buffer_size=256)
 
 
-class ShardError(UserError):
+class ShardError(ConfigError):
     """The shard folder is missing, incomplete, or made with another tokenizer."""
 
 

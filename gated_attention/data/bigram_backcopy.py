@@ -25,7 +25,7 @@ import grain
 import numpy as np
 
 from gated_attention import paths
-from gated_attention.config_checks import require
+from gated_attention.config_checks import ConfigError, require
 from gated_attention.data.inputs import Inputs
 from gated_attention.data.packing import Batch
 from gated_attention.distributed import host_rows
@@ -74,8 +74,8 @@ class Chain:
 def make_chain(vocab_size: int, num_triggers: int, alpha: float, seed: int) -> Chain:
     """Dirichlet(alpha) rows over tokens 1..V-1; triggers = the most frequent tokens."""
     if vocab_size < num_triggers + 3:
-        raise ValueError(f"model.vocab_size={vocab_size} must be >= data.backcopy_triggers + 3 "
-                         f"= {num_triggers + 3} (BOS, the triggers, two other tokens)")
+        raise ConfigError(f"model.vocab_size={vocab_size} must be >= data.backcopy_triggers + 3 "
+                          f"= {num_triggers + 3} (BOS, the triggers, two other tokens)")
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xB16]))
     n = vocab_size - 1
     rows = rng.dirichlet(np.full(n, alpha), size=n)

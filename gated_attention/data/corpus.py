@@ -32,6 +32,13 @@ from collections.abc import Callable, Iterable, Sequence
 from etils import epath
 
 from gated_attention import paths as run_paths
+from gated_attention.config_checks import ConfigError
+
+
+class NoFilesError(ConfigError, FileNotFoundError):
+    """A part of data.paths matches no file: the user's setting (one line at the entry points),
+    and a missing file to callers that ask for one."""
+
 
 SKIP_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages",
                        "__pycache__", "lib2to3"})
@@ -71,7 +78,7 @@ def split_documents(documents: Sequence[Document], eval_fraction: float
     train = [d for d in documents if not is_held_out(d.name, eval_fraction)]
     held_out = [d for d in documents if is_held_out(d.name, eval_fraction)]
     if not train or not held_out:
-        raise ValueError(f"data.eval_fraction={eval_fraction} leaves {len(train)} train and "
+        raise ConfigError(f"data.eval_fraction={eval_fraction} leaves {len(train)} train and "
                          f"{len(held_out)} held-out documents out of {len(documents)}; both "
                          "must be non-empty")
     return train, held_out
@@ -192,7 +199,7 @@ def expand_paths(paths: str) -> list[epath.Path]:
         else:
             matches = _bucket_glob(part)
         if not matches:
-            raise FileNotFoundError(f"data.paths: {part!r} matches no file")
+            raise NoFilesError(f"data.paths: {part!r} matches no file")
         out += [m for m in matches if m.is_file()]
     return out
 
@@ -207,21 +214,37 @@ def _bucket_glob(pattern: str) -> list[epath.Path]:
 
 
 def text_files(paths: str, text_key: str = "text") -> list[Document]:
-    """.jsonl files: one document per record (its `text_key` field); other files: one each."""
+    """.jsonl files: one document per record (its `text_key` field); other files: one each.
+    A file that is not UTF-8 text, a line that is not a JSON object and a record without
+    `text_key` are ConfigErrors naming the file and line."""
     documents = []
     for path in expand_paths(paths):
+        text = _read_text(path)
         if path.suffix == ".jsonl":
-            for line_no, line in enumerate(path.read_text("utf-8").splitlines()):
+            for line_no, line in enumerate(text.splitlines()):
                 if not line.strip():
                     continue
-                record = json.loads(line)
-                if text_key not in record:
-                    raise KeyError(f"{path}:{line_no + 1} has no field {text_key!r} "
-                                   f"(data.text_key); fields: {sorted(record)}")
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ConfigError(f"{path}:{line_no + 1} is not a JSON record (data.paths: "
+                                      f".jsonl files hold one object per line): {err}") from None
+                if not isinstance(record, dict) or text_key not in record:
+                    fields = sorted(record) if isinstance(record, dict) else type(record).__name__
+                    raise ConfigError(f"{path}:{line_no + 1} has no field {text_key!r} "
+                                      f"(data.text_key); fields: {fields}")
                 documents.append(Document(f"{path}:{line_no}", str(record[text_key])))
         else:
-            documents.append(Document(str(path), path.read_text("utf-8")))
+            documents.append(Document(str(path), text))
     return documents
+
+
+def _read_text(path: epath.Path) -> str:
+    try:
+        return path.read_text("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"data.paths: {os.fspath(path)!r} is not UTF-8 text ({err.reason} at "
+                          f"byte {err.start})") from None
 
 
 def load_documents(source: str, *, paths: str = "", text_key: str = "text",

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from gated_attention import paths
-from gated_attention.errors import UserError
+from gated_attention.config_checks import ConfigError
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG_JSON = "tokenizer_config.json"
@@ -34,7 +34,7 @@ CONVENTIONAL_NAMES = {
 }
 
 
-class HFTokenizerError(UserError):
+class HFTokenizerError(ConfigError):
     """The tokenizer file is missing, unreadable or does not fit the model."""
 
 

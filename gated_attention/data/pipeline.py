@@ -21,6 +21,7 @@ import grain
 import numpy as np
 
 from gated_attention import paths
+from gated_attention.config_checks import ConfigError
 from gated_attention.data import corpus as corpus_lib
 from gated_attention.data import packing
 from gated_attention.data.tokenizer import Tokenizer, get_tokenizer
@@ -205,10 +206,10 @@ def eval_batches(data: LocalData, data_config: Any, batch_size: int, num_batches
                             with_segments=True)
                for b in range(0, min(len(rows), num_batches * local) - local + 1, local)]
         if not out:
-            raise ValueError(f"the held-out split has too few tokens "
-                             f"({data.held_out.tokens.size}) for one batch of {batch_size} x "
-                             f"{data_config.seq_len}; raise data.eval_fraction or lower "
-                             "train.batch_size")
+            raise ConfigError(f"the held-out split has too few tokens "
+                              f"({data.held_out.tokens.size}) for one batch of {batch_size} x "
+                              f"{data_config.seq_len}; raise data.eval_fraction or lower "
+                              "train.batch_size")
         return out
     source = ChunkSource(data.held_out, data_config.seq_len, data_config.add_bos,
                          data.tokenizer.bos_id)
@@ -222,9 +223,9 @@ def eval_batches(data: LocalData, data_config: Any, batch_size: int, num_batches
             break
         out.append(batch)
     if not out:
-        raise ValueError(f"the held-out split has too few tokens ({data.held_out.tokens.size}) "
-                         f"for one batch of {batch_size} x {data_config.seq_len}; raise "
-                         "data.eval_fraction or lower train.batch_size")
+        raise ConfigError(f"the held-out split has too few tokens ({data.held_out.tokens.size}) "
+                          f"for one batch of {batch_size} x {data_config.seq_len}; raise "
+                          "data.eval_fraction or lower train.batch_size")
     return out
 
 

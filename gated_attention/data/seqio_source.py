@@ -26,9 +26,8 @@ from typing import Any
 import grain
 import numpy as np
 
-from gated_attention.config_checks import require
+from gated_attention.config_checks import ConfigError, require
 from gated_attention.data import streams
-from gated_attention.errors import UserError
 
 C4_TASK = "c4_en_gated_attention"
 FIELDS = dict(
@@ -148,7 +147,7 @@ def batches(task: str, split: str, data_config: Any, batch_size: int, bos_id: in
                            shuffle_bins=shuffle, for_eval=for_eval)
 
 
-class SeqioTaskError(UserError):
+class SeqioTaskError(ConfigError):
     """data.seqio_task is not registered, or its vocabulary is not a SentencePiece model."""
 
 

@@ -18,9 +18,8 @@ from typing import Any
 import numpy as np
 
 from gated_attention import paths
-from gated_attention.config_checks import require
+from gated_attention.config_checks import ConfigError, require
 from gated_attention.data import streams
-from gated_attention.errors import UserError
 
 ENCODE_BLOCK = 256  # documents tokenised per call (the tokenizers batch internally)
 SHUFFLE_BUFFER = 10_000  # documents
@@ -35,7 +34,7 @@ FIELDS = dict(
 )
 
 
-class TfdsSourceError(UserError):
+class TfdsSourceError(ConfigError):
     """The tfds dataset, split or feature named in the config is not there."""
 
 

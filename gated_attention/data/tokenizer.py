@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from gated_attention import paths
-from gated_attention.config_checks import choice, require
+from gated_attention.config_checks import ConfigError, choice, require
 from gated_attention.data.corpus import Document, cache_root, fingerprint
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -49,8 +49,8 @@ class ByteTokenizer:
 
     def __init__(self, vocab_size: int = BYTE_VOCAB_SIZE):
         if vocab_size < BYTE_VOCAB_SIZE:
-            raise ValueError(f"model.vocab_size={vocab_size} is too small for data.tokenizer="
-                             f"'byte': needs >= {BYTE_VOCAB_SIZE} (256 bytes + pad, bos, eos)")
+            raise ConfigError(f"model.vocab_size={vocab_size} is too small for data.tokenizer="
+                              f"'byte': needs >= {BYTE_VOCAB_SIZE} (256 bytes + pad, bos, eos)")
         self.vocab_size = vocab_size
 
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
@@ -147,10 +147,10 @@ def get_tokenizer(kind: str, vocab_size: int, train_documents: Sequence[Document
     else:
         if train_documents is None:
             where = f"{in_workdir} does not exist" if in_workdir is not None else "no workdir"
-            raise ValueError(f"data.tokenizer='sentencepiece' has no model: {where} and "
-                             "data.tokenizer_path is empty (set it to a .model file, or to a "
-                             "tokenizer.json with data.tokenizer='hf'; training one needs the "
-                             "training documents)")
+            raise ConfigError(f"data.tokenizer='sentencepiece' has no model: {where} and "
+                              "data.tokenizer_path is empty (set it to a .model file, or to a "
+                              "tokenizer.json with data.tokenizer='hf'; training one needs the "
+                              "training documents)")
         key = sentencepiece_cache_key(train_documents, vocab_size, model_type,
                                       input_sentence_size)
         cached = cache_root(cache_dir) / "tokenizers" / f"sp-{key}.model"
@@ -161,6 +161,6 @@ def get_tokenizer(kind: str, vocab_size: int, train_documents: Sequence[Document
             paths.write_atomic(in_workdir, cached.read_bytes())
         tokenizer = SentencePieceTokenizer(in_workdir or cached)
     if tokenizer.vocab_size != vocab_size:
-        raise ValueError(f"the tokenizer at {tokenizer.model_file} has {tokenizer.vocab_size} "
-                         f"tokens but model.vocab_size={vocab_size}")
+        raise ConfigError(f"the tokenizer at {tokenizer.model_file} has {tokenizer.vocab_size} "
+                          f"tokens but model.vocab_size={vocab_size}")
     return tokenizer
