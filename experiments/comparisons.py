@@ -23,6 +23,9 @@ from gated_attention.errors import UserError
 PAIRED_METRICS = (("eval_loss", "held-out loss", 4), ("ppl", "PPL", 3),
                   ("f_attn", "F-Attn", 3), ("sink_rate", "sink rate", 2),
                   ("m_act", "M-Act", 2), ("gate", "gate score", 3))
+# Metrics read from analysis.json, or from the record's telemetry where a run has none
+# (summarize.telemetry_metrics): a pair is only formed from two runs measured the same way.
+SINK_KEYS = frozenset({"f_attn", "sink_rate", "m_act", "gate"})
 MARK = " **\\***"  # a significant difference after Holm's correction
 # A baseline formed a sink when its F-Attn is at least this many times the uniform level
 # (uniform_first_token: query i of a causal row gives 1 / (i + 1) to the first token).
@@ -30,6 +33,7 @@ SINK_FACTOR = 3.0
 # A learning rate is stable when the run finished with no non-finite step and its final
 # held-out loss is within this share of the variant's best over the sweep.
 STABLE_MARGIN = 0.02
+LADDER_VARIANT = "g1_sdpa_elementwise"  # the published points' G1: elementwise, sigmoid
 # Published G1-vs-baseline held-out loss changes at small scale (relative change; negative =
 # the gate helps), each with its source and scale.
 LADDER = (
@@ -89,7 +93,8 @@ def check_reference(groups: Sequence[Mapping[str, Any]], reference: str | None) 
 def paired_rows(rows: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]],
                 reference: str | None = None) -> list[dict[str, Any]]:
     """One entry per (group, metric): the paired difference to its reference over the seeds
-    both ran, with Holm's correction over the groups of each metric."""
+    both ran (for the sink metrics, the seeds where both have them from the same source),
+    with Holm's correction over the groups of each metric."""
     done = [r for r in rows if r["state"] == "done"]
     by_group: dict[str, dict[Any, Mapping[str, Any]]] = {}
     for r in done:
@@ -103,14 +108,19 @@ def paired_rows(rows: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str,
                 continue
             mine, theirs = by_group.get(g["group"], {}), by_group.get(ref["group"], {})
             seeds = sorted(s for s in mine if s in theirs and mine[s].get(key) is not None
-                           and theirs[s].get(key) is not None)
+                           and theirs[s].get(key) is not None
+                           and (key not in SINK_KEYS or mine[s].get("sink_source")
+                                == theirs[s].get("sink_source")))
             if not seeds:
                 continue
             diffs = [float(mine[s][key]) - float(theirs[s][key]) for s in seeds]
             result = paired_stats.paired(diffs)
             entries.append({
                 "metric": key, "title": title, "digits": digits, "group": g["group"],
-                "label": g["label"], "reference": ref["group"], "reference_label": ref["label"],
+                "label": g["label"], "variant": g.get("variant"),
+                "lr_multiplier": g.get("lr_multiplier"), "reference": ref["group"],
+                "reference_label": ref["label"], "reference_variant": ref.get("variant"),
+                "reference_lr_multiplier": ref.get("lr_multiplier"),
                 "seeds": seeds, "n": result.n,
                 "reference_mean": statistics.fmean(float(theirs[s][key]) for s in seeds),
                 "row_mean": statistics.fmean(float(mine[s][key]) for s in seeds),
@@ -171,7 +181,8 @@ def paired_markdown(entries: Sequence[Mapping[str, Any]],
 
 
 def sink_check(rows: Sequence[Mapping[str, Any]], seq_len: int | None) -> dict[str, Any]:
-    """Per seed: did the baseline form a sink (F-Attn >= SINK_FACTOR x uniform)?"""
+    """Per seed: did the baseline form a sink (F-Attn >= SINK_FACTOR x uniform)? F-Attn is
+    analysis' where the run was analysed, else its record's last telemetry point (summarize)."""
     if not seq_len:
         return {"checked": 0}
     uniform = uniform_first_token(seq_len)
@@ -180,7 +191,9 @@ def sink_check(rows: Sequence[Mapping[str, Any]], seq_len: int | None) -> dict[s
     missing = [r["run"] for r in base if r["f_attn"] < SINK_FACTOR * uniform]
     return {"checked": len(base), "formed": len(base) - len(missing), "uniform": uniform,
             "factor": SINK_FACTOR, "seq_len": seq_len, "no_sink": missing,
-            "ratios": {r["run"]: r["f_attn"] / uniform for r in base}}
+            "ratios": {r["run"]: r["f_attn"] / uniform for r in base},
+            "telemetry": {r["run"]: r.get("sink_step") for r in base
+                          if r.get("sink_source") == "telemetry"}}
 
 
 def sink_check_markdown(check: Mapping[str, Any]) -> list[str]:
@@ -189,7 +202,10 @@ def sink_check_markdown(check: Mapping[str, Any]) -> list[str]:
     head = (f"Did the baseline form a sink? Uniform causal attention puts "
             f"{check['uniform']:.3f} on the first token (mean of 1/(i+1) over the queries of a "
             f"{check['seq_len']}-token row); a sink is claimed at {check['factor']:g}x that. ")
-    ratios = ", ".join(f"`{k}` {v:.1f}x" for k, v in check["ratios"].items())
+    telemetry = check.get("telemetry") or {}
+    ratios = ", ".join(f"`{k}` {v:.1f}x" + (f" (telemetry, step {telemetry[k]})"
+                                            if k in telemetry else "")
+                       for k, v in check["ratios"].items())
     if check["no_sink"]:
         return ["## Baseline sink check", "", head + f"**The baseline formed no sink in "
                 f"{len(check['no_sink'])} of {check['checked']} runs** "
@@ -199,10 +215,25 @@ def sink_check_markdown(check: Mapping[str, Any]) -> list[str]:
             f"({ratios}).", ""]
 
 
+def _at_recipe_lr(multiplier: float | None) -> bool:
+    """The published points ran at their recipe's learning rate: no sweep, or its x1 row."""
+    return multiplier is None or float(multiplier) == 1.0
+
+
+def ladder_entries(entries: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The paired held-out loss entries comparable with LADDER: exactly the G1 elementwise
+    sigmoid variant (not G1 with SiLU or another gate whose name starts the same) against
+    the baseline, both at the recipe's learning rate (an LR sweep's other multipliers would
+    measure the learning rate, not the gate)."""
+    return [e for e in entries if e["metric"] == "eval_loss" and e["reference_mean"]
+            and e.get("variant") == LADDER_VARIANT and e.get("reference_variant") == "baseline"
+            and _at_recipe_lr(e.get("lr_multiplier"))
+            and _at_recipe_lr(e.get("reference_lr_multiplier"))]
+
+
 def ladder(entries: Sequence[Mapping[str, Any]], scale: str | None) -> list[str]:
     """G1-vs-baseline held-out loss change of this grid beside the published points."""
-    ours = [e for e in entries if e["metric"] == "eval_loss"
-            and e["label"].startswith("g1_sdpa_elementwise") and e["reference_mean"]]
+    ours = ladder_entries(entries)
     lines = ["## Reference ladder: G1 (elementwise, sigmoid) against its baseline", "",
              "| source | scale | metric | change |", "|---|---|---|---|"]
     for point in LADDER:
@@ -216,7 +247,8 @@ def ladder(entries: Sequence[Mapping[str, Any]], scale: str | None) -> list[str]
         lines.append(f"| this grid: {e['label']} vs {e['reference_label']}, {e['n']} seeds "
                      f"| {scale or '-'} | held-out loss | {100 * rel:+.2f}%{ci} |")
     if not ours:
-        lines.append("| this grid | - | held-out loss | no G1 row with a paired baseline |")
+        lines.append(f"| this grid | - | held-out loss | no {LADDER_VARIANT} row paired with the "
+                     "baseline at the recipe's learning rate |")
     return lines + [""]
 
 

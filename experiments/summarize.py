@@ -15,18 +15,23 @@ perplexity per length, with and without YaRN, beside the paper's RULER numbers a
 multiple of the training length; it is also written to `<root>/table5.csv`.
 Each run's `record.json` (gated_attention/run_record.py) gives its final train and held-out
 loss, tokens, wall time and code version; its metrics.jsonl gives non-finite steps and loss
-spikes where the run was not analysed. With several seeds, every row is compared with its
-reference row (the baseline of the same grid, or `--reference NAME`) seed by seed:
-`<root>/paired.csv` and a "Paired differences" section (experiments/comparisons.py,
-experiments/paired_stats.py); a grid run with `--lr_multipliers` adds a learning-rate section
-(`<root>/lr_sweep.csv`); a sink grid says whether its baseline formed a sink; a G1 row is
-placed on a ladder of published small-scale results.
+spikes where the run was not analysed. A run with no analysis.json (a grid run with
+--no_analyze, or its analysis failed) takes its sink numbers (F-Attn, sink rate, M-Act, gate)
+from the record's last telemetry point (train.telemetry_every), so the baseline's sink is
+still checked; the table's "sink from" column says which source each row's numbers are.
+With several seeds, every row is compared with its reference row (the baseline of the same
+grid, or `--reference NAME`) seed by seed: `<root>/paired.csv` and a "Paired differences"
+section (experiments/comparisons.py, experiments/paired_stats.py); a grid run with
+`--lr_multipliers` adds a learning-rate section (`<root>/lr_sweep.csv`); a sink grid says
+whether its baseline formed a sink; a G1 elementwise row (at the recipe's learning rate)
+is placed on a ladder of published small-scale results.
 The root may be local or a bucket: every path is an etils.epath (gated_attention.paths).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import io
 import json
@@ -108,6 +113,17 @@ def _train_log(root: epath.Path, name: str, warmup_steps: int) -> dict[str, Any]
             "spikes": report["spikes"], "diverged": report["diverged"]}
 
 
+def telemetry_metrics(telemetry: Mapping[str, Any]) -> dict[str, Any]:
+    """F-Attn, sink rate, M-Act and gate score from a record's last telemetry point: the sink
+    numbers of a run that was never analysed (--no_analyze, or its analysis failed), so the
+    baseline's sink is still checked. They are the training-time statistics (one training
+    batch, the weights a step started from), not analysis' held-out ones of the final
+    checkpoint; `sink_source` says which a row holds."""
+    return {"f_attn": telemetry.get("f_attn"), "sink_rate": telemetry.get("sink_rate"),
+            "m_act": telemetry.get("m_act"), "gate": telemetry.get("gate_mean"),
+            "sink_source": "telemetry", "sink_step": telemetry.get("step")}
+
+
 def run_row(root: epath.Path, name: str, run: Mapping[str, Any],
             tables: Mapping[str, Any]) -> dict[str, Any]:
     analysis = paths.read_json_current(root / name / "analysis" / "analysis.json")
@@ -148,6 +164,9 @@ def run_row(root: epath.Path, name: str, run: Mapping[str, Any],
         )
         task = analysis.get("task") or {}
         row.update({ours: task.get(key) for ours, key in SINK_TASK_KEYS.items() if task})
+        row.update(sink_source="analysis", sink_step=analysis["step"])
+    elif record and record.get("telemetry"):
+        row.update(telemetry_metrics(record["telemetry"]))
     paper = paper_row(tables, run.get("table", ""), run.get("variant", ""),
                       run.get("paper") or {})
     for ours, key, _ in METRICS:
@@ -190,11 +209,20 @@ def group_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             g[f"{key}_se"] = (g[f"{key}_std"] / math.sqrt(n)
                               if g[f"{key}_std"] is not None else None)
         g["diverged"] = sum(bool(m.get("diverged")) for m in done)
+        g["sink_source"] = _sources([m.get("sink_source") for m in done])
         for key in ("paper_ppl", "paper_f_attn", "paper_m_act", "paper_gate",
                     "paper_params_added_m"):
             g[key] = first.get(key)
         out.append(g)
     return out
+
+
+def _sources(sources: Sequence[str | None]) -> str | None:
+    """Where a group's sink numbers come from: one source, or the count of each over seeds."""
+    counts = collections.Counter(s for s in sources if s)
+    if len(counts) <= 1:
+        return next(iter(counts), None)
+    return ", ".join(f"{source} {n}" for source, n in sorted(counts.items()))
 
 
 def rankings(groups: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -243,10 +271,16 @@ def markdown(root: epath.Path, manifest: Mapping[str, Any] | None,
         "Ours: held-out PPL and the analysis metrics of each run's last checkpoint (mean ± "
         "standard error over seeds; the std is in summary.csv); F-Attn excludes query 0; "
         "M-Act = mean over layers of max |layer output|. "
-        "Paper: the same rows in arXiv 2505.06708 (its scale, not ours).", "",
+        "Paper: the same rows in arXiv 2505.06708 (its scale, not ours). "
+        "sink from: where F-Attn, sink rate, M-Act and gate come from (with the number of "
+        "seeds where they differ): analysis = analysis/analysis.json (the last checkpoint on "
+        "held-out batches); telemetry = the last training-time telemetry point in the run's "
+        "record.json, for a run with no analysis (one training batch, with the weights that "
+        "step started from: not the same measurement); - = neither.", "",
         "| run | seeds | PPL | paper PPL | F-Attn | paper F-Attn | sink rate | M-Act "
-        "| paper M-Act | gate | paper gate | spikes | diverged | +params (M) | paper +params (M) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| paper M-Act | gate | paper gate | spikes | diverged | +params (M) | paper +params (M) "
+        "| sink from |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for g in groups:
         lines.append(
@@ -257,7 +291,12 @@ def markdown(root: epath.Path, manifest: Mapping[str, Any] | None,
             f"| {_fmt(g['paper_f_attn'])} | {_pm(g, 'sink_rate', 2)} | {_pm(g, 'm_act')} "
             f"| {_fmt(g['paper_m_act'])} | {_pm(g, 'gate')} | {_fmt(g['paper_gate'])} "
             f"| {_fmt(g['spikes'], 2)} | {g['diverged']} | {_fmt(g['params_added_m'])} "
-            f"| {_fmt(g['paper_params_added_m'])} |")
+            f"| {_fmt(g['paper_params_added_m'])} | {g.get('sink_source') or '-'} |")
+    telemetry = [r for r in rows if r.get("sink_source") == "telemetry"]
+    if telemetry:
+        lines += ["", "Sink numbers from training telemetry (no analysis.json): "
+                  + ", ".join(f"`{r['run']}` (step {r.get('sink_step', '?')})"
+                              for r in telemetry) + "."]
     lines += ["", "## Rankings (lower first)", ""]
     for r in ranks:
         if not r["ours"]:

@@ -366,3 +366,63 @@ def test_a_running_run_is_counted_as_not_done_and_a_failed_one_as_failed(tmp_pat
     assert summarize.main([str(tmp_path)]) == 0
     text = (tmp_path / "summary.md").read_text()
     assert "| baseline (`tiny-baseline`) | 1 (1 failed) (1 not done) |" in text
+
+
+def test_runs_without_analysis_take_their_sink_numbers_from_the_records_telemetry(tmp_path):
+    """A grid run with --no_analyze (or whose analysis failed) still gets the baseline's sink
+    check, from the last telemetry point of its record.json, and the summary says so."""
+    from tests import grid_fixtures
+
+    def telemetry(f_attn: float, step: int = 40) -> dict:  # as train.write_record stores it
+        return {"step": step, "kind": "telemetry", "f_attn": f_attn, "sink_rate": 0.25,
+                "m_act": 12.0, "gate_mean": 0.3, "f_attn_per_layer": [f_attn, f_attn]}
+
+    # Baseline seed 0 was analysed (0.40; its record's telemetry, 0.05, must not be used);
+    # seeds 1 and 2 were not: telemetry 0.30 and 0.12 (below 3x the uniform 0.0594).
+    # G1: telemetry only.
+    f_attn = {"baseline": [0.40, 0.30, 0.12], "g1_sdpa_elementwise": [0.06, 0.05, 0.04]}
+    runs = {}
+    for variant, values in f_attn.items():
+        for seed, value in enumerate(values):
+            name = f"tiny-{variant}-s{seed}"
+            analysed = variant == "baseline" and seed == 0
+            runs[name] = grid_fixtures.write_run(
+                tmp_path, name, variant=variant, seed=seed, eval_loss=3.0,
+                analysis={"perplexity": 20.0, "first_token_attention": value, "sink_rate": 0.5,
+                          "massive_activation": 50.0, "gate_score_mean": None, "step": 30,
+                          "params": {"params_added_vs_baseline": 0}} if analysed else None)
+            record_file = tmp_path / name / "record.json"
+            record = json.loads(record_file.read_text())
+            record["telemetry"] = telemetry(0.05 if analysed else value)
+            record_file.write_text(json.dumps(record))
+    grid_fixtures.write_manifest(tmp_path, runs)
+    result = summarize.summarize(tmp_path)
+    rows = {r["run"]: r for r in result["runs"]}
+    assert rows["tiny-baseline-s0"]["f_attn"] == 0.40
+    assert rows["tiny-baseline-s0"]["sink_source"] == "analysis"
+    assert rows["tiny-baseline-s2"]["f_attn"] == 0.12
+    assert rows["tiny-baseline-s2"]["sink_source"] == "telemetry"
+    assert (rows["tiny-baseline-s2"]["sink_rate"], rows["tiny-baseline-s2"]["m_act"],
+            rows["tiny-baseline-s2"]["gate"]) == (0.25, 12.0, 0.3)
+    groups = {g["variant"]: g for g in result["groups"]}
+    assert groups["baseline"]["f_attn"] == pytest.approx((0.40 + 0.30 + 0.12) / 3)
+    assert groups["baseline"]["sink_source"] == "analysis 1, telemetry 2"
+    assert groups["g1_sdpa_elementwise"]["sink_source"] == "telemetry"
+    text = (tmp_path / "summary.md").read_text()
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    assert table[0].endswith("| sink from |")
+    assert next(line for line in table if line.startswith("| baseline (")).endswith(
+        "| analysis 1, telemetry 2 |")
+    assert next(line for line in table if line.startswith("| g1_sdpa_elementwise (")).endswith(
+        "| telemetry |")
+    assert ("Sink numbers from training telemetry (no analysis.json): `tiny-baseline-s1` "
+            "(step 40), `tiny-baseline-s2` (step 40)") in text
+    # The sink check (3x uniform over 64-token rows: 3 x 0.0594 = 0.178) catches seed 2.
+    assert result["sink_check"]["checked"] == 3 and result["sink_check"]["no_sink"] == [
+        "tiny-baseline-s2"]
+    assert "**The baseline formed no sink in 1 of 3 runs** (`tiny-baseline-s2`)" in text
+    assert "`tiny-baseline-s2` 2.0x (telemetry, step 40)" in text  # 0.12 / 0.0594
+    # Pairs are formed from runs measured the same way: seeds 1 and 2, not seed 0.
+    paired = next(e for e in result["paired"] if e["metric"] == "f_attn")
+    assert paired["seeds"] == [1, 2]
+    assert paired["diff"] == pytest.approx(((0.05 - 0.30) + (0.04 - 0.12)) / 2)
