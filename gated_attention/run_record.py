@@ -2,10 +2,17 @@
 
 Written by train.finish once train.steps are done: the full config, the code version when
 the training loop started (git commit and whether tracked files had uncommitted changes;
-None outside a git checkout), the
-hardware and mesh, tokens seen, model FLOPs (accounting.train_flops_per_token x tokens), the
-wall time of the training call that finished the run (and of the whole run where earlier
-calls were recorded), the final train and held-out metrics, and the last telemetry values.
+None outside a git checkout), the hardware and mesh, tokens seen, model FLOPs
+(accounting.train_flops_per_token x tokens), the wall time of the run, the final train and
+held-out metrics, and the last telemetry values.
+
+Wall time: a run may take several training calls (stopped, preempted, resumed, extended), and
+only the last one writes the record, so each call appends its own loop time to the
+workdir's ledger (`add_call`, CALLS_FILE) when it ends, finished or not, and the record's
+`wall_seconds` is the sum over the ledger (`train_calls` lists them). A call that starts
+from step 0 starts the ledger afresh (what came before it was thrown away); a call killed
+outright (SIGKILL, a lost VM) leaves no entry, and `wall_seconds_complete` is then False:
+the calls no longer chain from step 0 to the last step, and the sum is a lower bound.
 """
 
 from __future__ import annotations
@@ -15,12 +22,15 @@ import json
 import pathlib
 import platform
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 
+from gated_attention import paths
+
 RECORD_FILE = "record.json"
+CALLS_FILE = "train_calls.json"  # the ledger of training calls (add_call)
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -52,11 +62,49 @@ def hardware(mesh: Any) -> dict[str, Any]:
             "jax": jax.__version__}
 
 
+def read_calls(workdir: Any) -> list[dict[str, Any]]:
+    """The run's training calls so far (add_call), oldest first; [] when none was recorded."""
+    found = paths.read_json_current(workdir / CALLS_FILE)
+    return list(found["calls"]) if found else []
+
+
+def add_call(workdir: Any, *, start_step: int, end_step: int,
+             wall_seconds: float) -> list[dict[str, Any]]:
+    """Append one training call (the step it started from, the step it reached, its loop's
+    wall time) to the workdir's ledger, and return the ledger. Every call records itself as
+    it ends, finished, stopped or failed: the call that writes record.json is only the last.
+    A call from step 0 replaces the ledger (a fresh start throws the earlier calls' work
+    away). Primary process only."""
+    calls = [] if int(start_step) == 0 else read_calls(workdir)
+    calls.append({"start_step": int(start_step), "end_step": int(end_step),
+                  "wall_seconds": float(wall_seconds)})
+    paths.write_atomic(workdir / CALLS_FILE, json.dumps({"calls": calls}, indent=2) + "\n")
+    return calls
+
+
+def calls_chain(calls: Sequence[Mapping[str, Any]], steps: int) -> bool:
+    """True when the calls cover the run from step 0 to `steps` with none missing: each
+    resumes from a checkpoint at or before the step the one before it reached."""
+    if not calls or calls[0]["start_step"] != 0 or calls[-1]["end_step"] != int(steps):
+        return False
+    return all(b["start_step"] <= a["end_step"] for a, b in zip(calls, calls[1:]))
+
+
 def build(config: Any, *, mesh: Any, steps: int, train: Mapping[str, Any],
           eval_metrics: Mapping[str, Any] | None, telemetry: Mapping[str, Any] | None,
           wall_seconds: float, flops_per_token: float | None,
-          code: Mapping[str, Any] | None = None) -> dict[str, Any]:
+          code: Mapping[str, Any] | None = None,
+          calls: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """The record of a finished run. wall_seconds: the loop time of the call writing it;
+    calls: the run's ledger (read_calls), that call included. The record's wall time is the
+    ledger's sum; without a ledger, this call's time alone (wall_seconds_complete None: no
+    one knows whether earlier calls trained part of the run)."""
     tokens = int(steps) * int(config.train.batch_size) * int(config.data.seq_len)
+    if calls:
+        calls = [dict(c) for c in calls]
+        total = sum(float(c["wall_seconds"]) for c in calls)
+    else:
+        calls, total = [], wall_seconds
     return {
         "config": config.to_dict() if hasattr(config, "to_dict") else dict(config),
         "code": dict(code) if code is not None else code_version(),
@@ -64,7 +112,10 @@ def build(config: Any, *, mesh: Any, steps: int, train: Mapping[str, Any],
         "steps": int(steps), "tokens_seen": tokens,
         "model_flops_per_token": flops_per_token,
         "model_flops": None if flops_per_token is None else flops_per_token * tokens,
-        "wall_seconds": wall_seconds,
+        "wall_seconds": total,  # every training call of the run (train_calls)
+        "wall_seconds_last_call": wall_seconds,
+        "wall_seconds_complete": calls_chain(calls, steps) if calls else None,
+        "train_calls": calls,
         "final": {"train": dict(train), "eval": None if eval_metrics is None
                   else dict(eval_metrics)},
         "telemetry": None if telemetry is None else dict(telemetry),

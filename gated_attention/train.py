@@ -630,8 +630,13 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
         if bar is not None:
             bar.close()
         writer.close()
-    return LoopResult(state, done, metrics.last, last_eval, stopped_by,
-                      time.perf_counter() - loop_start, code)
+        wall_seconds = time.perf_counter() - loop_start
+        if run.primary and train_cfg.steps > start:  # every call with steps to train, even
+            from gated_attention import run_record  # a failed one: the record sums them
+
+            run_record.add_call(run.workdir, start_step=start, end_step=done,
+                                wall_seconds=wall_seconds)
+    return LoopResult(state, done, metrics.last, last_eval, stopped_by, wall_seconds, code)
 
 
 def _telemetry_fn(run: PreparedRun) -> Callable:
@@ -685,7 +690,7 @@ def write_record(run: PreparedRun, result: LoopResult, last: Mapping[str, Any],
     record = run_record.build(run.config, mesh=run.mesh, steps=result.step, train=last,
                               eval_metrics=last_eval, telemetry=telemetry,
                               wall_seconds=result.wall_seconds, flops_per_token=flops,
-                              code=result.code)
+                              code=result.code, calls=run_record.read_calls(run.workdir))
     paths.write_atomic(run.workdir / run_record.RECORD_FILE,
                        json.dumps(record, indent=2, default=str) + "\n")
 

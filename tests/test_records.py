@@ -1,9 +1,14 @@
 """Run records (gated_attention/run_record.py) and the tables rebuilt from them
-(experiments/make_tables.py). A real run's record.json: tests/test_telemetry.py."""
+(experiments/make_tables.py). A real run's record.json: tests/test_telemetry.py; its wall
+time over a stopped and resumed run: here."""
 
+import json
 import pathlib
 import subprocess
+import time
 
+import jax
+import ml_collections
 import numpy as np
 import pytest
 from scipy import stats as scipy_stats
@@ -82,3 +87,137 @@ def test_a_difference_significant_only_before_holm_gets_the_seeds_holm_needs(tmp
     assert ("g1_sdpa_elementwise held-out loss (-0.100): p < 0.05 before the correction; "
             "4 at 5%/2") in block
     assert "no spread to go on" not in block
+
+
+@pytest.mark.reference("independent")
+def test_the_lr_sweep_table_is_rewritten_in_its_page_from_records(tmp_path, monkeypatch):
+    # Every table of make_tables has its marked block in its page.
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    for name, spec in make_tables.TABLES.items():
+        text = (repo / spec["page"]).read_text()
+        assert f"<!-- table:{name} begin -->\n" in text and f"\n<!-- table:{name} end -->" in text
+    # lr_cpu on fake records of its 12 runs: (variant, lr x, seed) -> final held-out loss.
+    # Baseline x128 seed 0 spikes once (losses 3.0, 2.5, 6.0: EMA 2.95 after 2.5, and
+    # 6.0 > 1.5 x 2.95); the x128 seed-1 runs each skip one non-finite step.
+    losses = {("baseline", 1, 0): 5.50, ("baseline", 8, 0): 5.40,
+              ("baseline", 32, 0): 5.80, ("baseline", 32, 1): 5.90,
+              ("baseline", 128, 0): 6.00, ("baseline", 128, 1): 6.10,
+              ("g1_sdpa_elementwise", 1, 0): 5.45, ("g1_sdpa_elementwise", 8, 0): 5.30,
+              ("g1_sdpa_elementwise", 32, 0): 5.36, ("g1_sdpa_elementwise", 32, 1): 5.38,
+              ("g1_sdpa_elementwise", 128, 0): 5.35, ("g1_sdpa_elementwise", 128, 1): 5.33}
+    names = {key: f"tiny-l12-{key[0]}-lrx{key[1]}-s{key[2]}" for key in losses}
+    assert sorted(make_tables.TABLES["lr_cpu"]["only"]) == sorted(names.values())
+    root = tmp_path / "runs" / "lr_cpu"
+    runs = {}
+    for (variant, m, seed), value in losses.items():
+        runs[names[variant, m, seed]] = grid_fixtures.write_run(
+            root, names[variant, m, seed], variant=variant, seed=seed, eval_loss=value,
+            label=f"{variant} lr x{m}", lr_multiplier=float(m), peak_lr=0.03 * m,
+            losses=(3.0, 2.5, 6.0) if (variant, m, seed) == ("baseline", 128, 0)
+            else (3.0, 2.5, 2.0), skipped=(1,) if (m, seed) == (128, 1) else ())
+    grid_fixtures.write_manifest(root, runs)
+    page = tmp_path / "docs" / "analysis.md"
+    page.parent.mkdir()
+    page.write_text("intro\n<!-- table:lr_cpu begin -->\nold\n<!-- table:lr_cpu end -->\nrest\n")
+    monkeypatch.setattr(make_tables, "REPO", tmp_path)
+    make_tables.make("lr_cpu", tmp_path / "runs", run=False)
+    text = page.read_text()
+    assert text.startswith("intro\n<!-- table:lr_cpu begin -->\nProduced by `make tables "
+                           f"(python -m experiments.run_grid experiments/grids/lr_cpu.py --root "
+                           f"{root} --seeds 0,1 --lr_multipliers 1,8,32,128 --no_analyze --set "
+                           "train.batch_size=4 --set train.steps=200 --set train.eval_every=200 "
+                           "--set train.checkpoint_every=200 --only <its 12 runs")
+    assert "`, then `python -m experiments.summarize`, at commit `abc`, seeds 0, 1.\n" in text
+    assert text.endswith("\n<!-- table:lr_cpu end -->\nrest\n") and "old" not in text
+    # Best: the lowest mean loss. Stable: no non-finite step and within 2% of the best
+    # (baseline 5.40 x 1.02 = 5.508: x1 and x8; G1 5.30 x 1.02 = 5.406: x8, x32, and x128
+    # but for its skipped step). Two seeds: mean ± std, e.g. stdev(5.80, 5.90) = 0.0707.
+    assert [line for line in text.splitlines() if line.startswith("| ")] == [
+        "| variant | best loss (at lr) | largest stable lr |",
+        "| baseline | 5.4000 (x8 = 0.240) | x8 = 0.240 |",
+        "| g1_sdpa_elementwise | 5.3000 (x8 = 0.240) | x32 = 0.960 |",
+        "| variant | lr x | peak lr | runs done | non-finite steps | spikes per run | loss |",
+        "| baseline | 1 | 0.030 | 1/1 | 0 | 0 | 5.5000 |",
+        "| baseline | 8 | 0.240 | 1/1 | 0 | 0 | 5.4000 |",
+        "| baseline | 32 | 0.960 | 2/2 | 0 | 0, 0 | 5.8500 ± 0.071 |",
+        "| baseline | 128 | 3.840 | 2/2 | 1 | 1, 0 | 6.0500 ± 0.071 |",
+        "| g1_sdpa_elementwise | 1 | 0.030 | 1/1 | 0 | 0 | 5.4500 |",
+        "| g1_sdpa_elementwise | 8 | 0.240 | 1/1 | 0 | 0 | 5.3000 |",
+        "| g1_sdpa_elementwise | 32 | 0.960 | 2/2 | 0 | 0, 0 | 5.3700 ± 0.014 |",
+        "| g1_sdpa_elementwise | 128 | 3.840 | 2/2 | 1 | 0, 0 | 5.3400 ± 0.014 |"]
+
+
+def _record(*, steps, wall_seconds, calls):
+    config = ml_collections.ConfigDict({"train": {"batch_size": 2}, "data": {"seq_len": 8}})
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    return run_record.build(config, mesh=mesh, steps=steps, train={"loss": 1.0},
+                            eval_metrics=None, telemetry=None, wall_seconds=wall_seconds,
+                            flops_per_token=None, code={"commit": None, "dirty": None},
+                            calls=calls)
+
+
+def test_record_wall_time_is_the_sum_of_the_runs_training_calls(tmp_path):
+    # Three calls: 0 -> 7 (stopped; its last checkpoint was step 5), 5 -> 20 (finished), then
+    # 20 -> 30 (train.steps grown). The record, written by the last, holds all three.
+    run_record.add_call(tmp_path, start_step=0, end_step=7, wall_seconds=1.5)
+    run_record.add_call(tmp_path, start_step=5, end_step=20, wall_seconds=2.25)
+    calls = run_record.add_call(tmp_path, start_step=20, end_step=30, wall_seconds=0.5)
+    assert run_record.read_calls(tmp_path) == calls  # what is on disk
+    record = _record(steps=30, wall_seconds=0.5, calls=calls)
+    assert record["wall_seconds"] == pytest.approx(1.5 + 2.25 + 0.5)
+    assert record["wall_seconds_last_call"] == 0.5
+    assert record["wall_seconds_complete"] is True
+    assert [(c["start_step"], c["end_step"]) for c in record["train_calls"]] == [
+        (0, 7), (5, 20), (20, 30)]
+    # A call killed outright leaves no entry: 0 -> 7, then one resumed from 5 reached 12 and
+    # died, then 10 -> 30. The sum is a lower bound, and the record says so.
+    (tmp_path / "gap").mkdir()
+    run_record.add_call(tmp_path / "gap", start_step=0, end_step=7, wall_seconds=1.0)
+    gap = run_record.add_call(tmp_path / "gap", start_step=10, end_step=30, wall_seconds=2.0)
+    record = _record(steps=30, wall_seconds=2.0, calls=gap)
+    assert record["wall_seconds"] == pytest.approx(3.0)
+    assert record["wall_seconds_complete"] is False
+    # A call from step 0 starts over: the earlier calls' work was thrown away.
+    fresh = run_record.add_call(tmp_path, start_step=0, end_step=30, wall_seconds=4.0)
+    assert fresh == [{"start_step": 0, "end_step": 30, "wall_seconds": 4.0}]
+    assert _record(steps=30, wall_seconds=4.0, calls=fresh)["wall_seconds"] == 4.0
+    # No ledger (a record written before ledgers): this call's time alone, completeness unknown.
+    old = _record(steps=30, wall_seconds=0.5, calls=None)
+    assert old["wall_seconds"] == 0.5 and old["wall_seconds_complete"] is None
+    assert old["train_calls"] == []
+
+
+def _telemetry_config(steps):
+    from configs import sinks
+
+    config = sinks.get_config("variant=g1_sdpa_elementwise")
+    config.update_from_flattened_dict({
+        "train.steps": steps, "train.batch_size": 2, "data.seq_len": 16, "train.eval_every": 0,
+        "train.log_every": 1, "train.checkpoint_every": 2, "optimizer.warmup_steps": 1,
+        "train.async_checkpoint": False})
+    return config
+
+
+@pytest.mark.slow
+def test_a_resumed_run_records_the_wall_time_of_both_calls(tmp_path):
+    from gated_attention import train
+
+    workdir = tmp_path / "run"
+    config = _telemetry_config(6)
+    spent = []
+    for stop_after in (3, None):  # "killed" after step 3 (checkpoint at 2), then resumed
+        start = time.perf_counter()
+        train.run(config, workdir, progress=False, devices=jax.devices()[:1],
+                  stop_after=stop_after)
+        spent.append(time.perf_counter() - start)
+    record = json.loads((workdir / "record.json").read_text())
+    calls = record["train_calls"]
+    assert [(c["start_step"], c["end_step"]) for c in calls] == [(0, 3), (2, 6)]
+    assert record["wall_seconds_complete"] is True
+    assert record["wall_seconds"] == pytest.approx(sum(c["wall_seconds"] for c in calls))
+    # Each call's loop time lies within the time the test measured around that call, so the
+    # record's sum is above either call's own time and below both calls together.
+    for call, outer in zip(calls, spent):
+        assert 0 < call["wall_seconds"] <= outer
+    assert max(c["wall_seconds"] for c in calls) < record["wall_seconds"] <= sum(spent)
+    assert record["wall_seconds_last_call"] == calls[-1]["wall_seconds"]
