@@ -24,7 +24,13 @@ program larger than the GPU nor has a cost analysis: the fit is judged here agai
 allocator share of the GPU's memory, and the FLOPs are XLA's HLO count of the plain ops
 (custom-call kernels count 0), which the report says, next to the model's count.
 
-The building blocks (tpu_mesh, gpu_mesh, compile_step) live in gated_attention/target_compile.py.
+With train.telemetry_every > 0 the telemetry function (gated_attention/telemetry.py) is
+compiled too, as `train.run` jits it (same parameter and batch shardings, under the mesh), and
+judged like a step: its first call comes after telemetry_every steps, too late to find that
+it does not compile or fit.
+
+The building blocks (tpu_mesh, gpu_mesh, compile_step) live in gated_attention/target_compile.py;
+compile_telemetry is here.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -60,6 +67,8 @@ from gated_attention.target_compile import (  # noqa: E402, F401 - building bloc
 from gated_attention.tpu_topologies import GiB, TpuSlice, parse_accelerator
 
 Target = TpuSlice | gpu_targets.GpuNode
+TELEMETRY = "telemetry"
+PREFLIGHT_STEPS = (*STEPS, TELEMETRY)  # what --steps may name
 
 
 def parse_target(name: str, hosts: int | None = None) -> Target:
@@ -78,9 +87,41 @@ def parse_target(name: str, hosts: int | None = None) -> Target:
 
 
 def steps_main_runs(config: Any) -> tuple[str, ...]:
-    """The train step, and the eval step unless the run never evaluates (eval_every = 0)."""
+    """The train step, the eval step unless the run never evaluates (eval_every = 0), and the
+    telemetry function unless it is off (telemetry_every = 0)."""
     evaluates = config.train.eval_every > 0 and config.train.eval_batches > 0
-    return ("train", "eval") if evaluates else ("train",)
+    telemetry = config.train.get("telemetry_every", 0) > 0
+    return ("train", *(("eval",) if evaluates else ()), *((TELEMETRY,) if telemetry else ()))
+
+
+def compile_telemetry(config: Any, mesh: Any, platform: str = "tpu",
+                      batch: Mapping[str, Any] | None = None) -> CompiledStep:
+    """The telemetry function compiled for `mesh`'s devices as `train.run` jits it (the
+    parameters' shardings, the batch split as the train step's, traced under the mesh and the
+    logical rules), so a run cannot first fail at step telemetry_every.
+
+    batch: abstract arrays (default: the training batch, packed rows, as abstract_batch)."""
+    from gated_attention import sharding, telemetry, train
+    from gated_attention.ops.target import compiling_for
+
+    rules = sharding.rules_from_config(config.get("mesh"))
+    train.check_batch_layout(config, mesh, rules)
+    with compiling_for(platform, device_kind=mesh.devices.flat[0].device_kind):
+        spec = train.train_state_spec(config, mesh)
+        batch = abstract_batch(config, mesh, rules) if batch is None else batch
+        start, cpu_start = time.perf_counter(), time.process_time()
+        jitted = jax.jit(telemetry.make_telemetry_fn(spec.graphdef, config),
+                         in_shardings=(spec.shardings["params"],
+                                       sharding.batch_sharding(mesh, rules)))
+        with jax.set_mesh(mesh), sharding.logical_rules(rules):
+            compiled = jitted.lower(spec.abstract["params"], batch).compile()
+    return CompiledStep(TELEMETRY, compiled, time.perf_counter() - start,
+                        time.process_time() - cpu_start)
+
+
+def _label(name: str) -> str:
+    """A column of the report: "train step", "eval step", "telemetry"."""
+    return name if name == TELEMETRY else f"{name} step"
 
 
 def model_flops_per_step(config: Any) -> float:
@@ -107,11 +148,13 @@ def check_slices(config: Any, num_slices: int) -> None:
                         f"spans {spanned} slice(s) ({set_axes})")
 
 
-def preflight(config: Any, tpu: Target, steps: tuple[str, ...] = STEPS,
+def preflight(config: Any, tpu: Target, steps: tuple[str, ...] | None = None,
               dump_hlo: Path | None = None, num_slices: int = 1) -> dict[str, Any]:
-    """Compile `steps` of `config` for the GPU nodes, or for `num_slices` slices of a TPU
-    type (their DCN mesh axes across slices); the report as a dict (bytes per device)."""
+    """Compile `steps` of `config` (default: those `main` runs, steps_main_runs) for the GPU
+    nodes, or for `num_slices` slices of a TPU type (their DCN mesh axes across slices); the
+    report as a dict (bytes per device)."""
     cfg = config_lib.validate_run_config(config)
+    steps = steps_main_runs(config) if steps is None else tuple(steps)
     if num_slices != 1 and isinstance(tpu, gpu_targets.GpuNode):
         raise UserError(f"--slices={num_slices} is for TPU types; GPU nodes take --hosts")
     check_slices(config, num_slices)
@@ -140,11 +183,13 @@ def preflight(config: Any, tpu: Target, steps: tuple[str, ...] = STEPS,
         "batch_size": config.train.batch_size, "grad_accum": config.train.grad_accum,
         "seq_len": config.data.seq_len, "attention_impl": cfg.attention_impl,
         "remat": cfg.remat, "scan_layers": cfg.scan_layers,
-        "model_flops_per_step": model_flops_per_step(config), "steps": {},
+        "model_flops_per_step": model_flops_per_step(config),
+        "telemetry_every": config.train.get("telemetry_every", 0), "steps": {},
     }
     for name in steps:
         try:
-            step = compile_step(config, mesh, name, platform=platform)
+            step = (compile_telemetry(config, mesh, platform=platform) if name == TELEMETRY
+                    else compile_step(config, mesh, name, platform=platform))
         except jax.errors.JaxRuntimeError as err:  # the compiler's own "does not fit"
             if "RESOURCE_EXHAUSTED" not in str(err):
                 raise
@@ -159,7 +204,7 @@ def preflight(config: Any, tpu: Target, steps: tuple[str, ...] = STEPS,
                 "compile_seconds": round(step.compile_seconds, 2),
                 "compile_cpu_seconds": round(step.compile_cpu_seconds, 2),
                 "mosaic_kernels": step.mosaic_kernels, "kernels": step.kernels}
-        if name == "eval":  # the train state stays resident while the eval step runs
+        if name != "train":  # the train state stays resident while eval or telemetry runs
             state = report["steps"].get("train", {}).get("memory", {}).get("arguments", 0)
             info["memory"]["total"] += max(0, state - info["memory"]["arguments"])
         info["fits"] = info["memory"]["total"] <= budget
@@ -196,9 +241,9 @@ def format_report(info: Mapping[str, Any]) -> str:
         f"attention {info['attention_impl']}",
     ]
     refused = {n: s["compiler_error"] for n, s in info["steps"].items() if "compiler_error" in s}
-    head += [f"{n} step: refused by the compiler: {e}" for n, e in refused.items()]
+    head += [f"{_label(n)}: refused by the compiler: {e}" for n, e in refused.items()]
     steps = {n: s for n, s in info["steps"].items() if n not in refused}
-    rows: list[tuple[str, ...]] = [("per device", *(f"{s} step" for s in steps))]
+    rows: list[tuple[str, ...]] = [("per device", *(_label(s) for s in steps))]
 
     def row(label: str, fn: Any) -> None:
         rows.append((label, *(fn(s) for s in steps.values())))
@@ -231,6 +276,12 @@ def format_report(info: Mapping[str, Any]) -> str:
                    "pallas_tpu's are counted (splash has no cost estimate)")
         notes.append("note: XLA counts a loop body once: compiled FLOPs hold one layer (scanned "
                      f"blocks) and one micro-batch (grad_accum); {kernels}")
+    if TELEMETRY in steps:
+        from gated_attention.telemetry import BLOCK
+
+        looped = (f"; its first-token pass loops over {BLOCK} x {BLOCK} (query, key) blocks, "
+                  "counted once" if info["seq_len"] > BLOCK else "")
+        notes.append(f"note: telemetry runs once every {info['telemetry_every']} steps{looped}")
     verdict = "fits" if info["fits"] else "does NOT fit"
     return "\n".join(head + body + notes + [f"=> {verdict} on {target}"])
 
@@ -245,8 +296,9 @@ def main(argv: list[str]) -> None:
         tpu = parse_target(FLAGS.accelerator, FLAGS.hosts)
         steps = tuple(s for s in FLAGS.steps.split(",") if s) or steps_main_runs(FLAGS.config)
         for s in steps:
-            if s not in STEPS:
-                raise UserError(f"--steps {s!r} is not allowed; choose from {', '.join(STEPS)}")
+            if s not in PREFLIGHT_STEPS:
+                raise UserError(f"--steps {s!r} is not allowed; choose from "
+                                f"{', '.join(PREFLIGHT_STEPS)}")
         info = preflight(FLAGS.config, tpu, steps,
                          Path(FLAGS.dump_hlo) if FLAGS.dump_hlo else None, FLAGS.slices)
     except UserError as err:  # AcceleratorError, GpuAcceleratorError, ConfigError, ...
@@ -277,8 +329,9 @@ def define_flags() -> None:
                         "(v5litepod-16, v5p-64, v6e-64, v4-32, ...) or a GPU node: "
                         + ", ".join(gpu_targets.known_accelerators()))
     flags.DEFINE_integer("hosts", None, "GPU nodes only: how many nodes of the accelerator.")
-    flags.DEFINE_string("steps", "", "Steps to compile: train, eval or train,eval (default: "
-                        "those main runs; no eval step with train.eval_every=0).")
+    flags.DEFINE_string("steps", "", "Programs to compile: train, eval, telemetry, comma-"
+                        "separated (default: those main runs; no eval step with "
+                        "train.eval_every=0, no telemetry with train.telemetry_every=0).")
     flags.DEFINE_integer("slices", 1, "TPU types only: slices of --accelerator joined by the "
                          "data-centre network (multislice); the config's mesh.dcn_* sizes must "
                          "multiply to this.")

@@ -1,8 +1,15 @@
 """Telemetry (gated_attention/telemetry.py) against the XLA reference's attention maps and
-numpy, and what a run with train.telemetry_every writes (metrics.jsonl, TensorBoard, record)."""
+numpy, with the model on every attention implementation (the Pallas kernels interpreted on
+this CPU, cuDNN compiled for an H200), the pre-flight's compile of it for a TPU slice, and
+what a run with train.telemetry_every writes (metrics.jsonl, TensorBoard, record)."""
 
+import contextlib
+import dataclasses
+import functools
 import json
+import math
 import pathlib
+import re
 import struct
 import subprocess
 
@@ -11,9 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import NamedSharding, PartitionSpec
 
 from configs import sinks
-from gated_attention import capture, config_lib, telemetry, train
+from gated_attention import capture, config_lib, memory, preflight, sharding, telemetry, train
 from gated_attention.analysis import reductions
 from gated_attention.model import Transformer
 from gated_attention.ops import reference
@@ -56,10 +65,15 @@ def test_blockwise_first_token_weight_matches_the_reference_map(normalizer, segm
     np.testing.assert_allclose(np.asarray(ours), expected, rtol=2e-5, atol=1e-6)
 
 
-def _model(variant="g1_sdpa_elementwise", impl="xla"):
+def _config(variant="g1_sdpa_elementwise", impl="xla"):
     config = sinks.get_config(f"variant={variant}")
     config.model.num_heads, config.model.num_kv_heads = 4, 2
     config.model.attention_impl = impl
+    return config
+
+
+def _model(variant="g1_sdpa_elementwise", impl="xla"):
+    config = _config(variant, impl)
     cfg = config_lib.model_config(config)
     model = Transformer(cfg, rngs=nnx.Rngs(params=0))
     graphdef, params = nnx.split(model, nnx.Param)
@@ -125,6 +139,179 @@ def test_first_token_weight_does_not_depend_on_the_attention_implementation():
         got[impl] = np.concatenate([np.asarray(h) for h in values["f_attn_per_head"]])
     # layer 1 sees layer 0's output, which the two compute with other roundings
     np.testing.assert_allclose(got["chunked"], got["xla"], rtol=1e-5)
+
+
+@functools.cache
+def _xla_reference(segmented: bool) -> dict[str, np.ndarray]:
+    """Per layer: F-Attn per head from the XLA reference's S x S maps (probs, the model on
+    impl xla, one device), M-Act and the gate mean, with numpy: what every kernel's telemetry
+    must give."""
+    _, graphdef, params = _model()
+    batch, seg = _batch(segmented)
+    model = nnx.merge(graphdef, params)
+    model(batch["inputs"], positions=batch["positions"], segment_ids=batch.get("segment_ids"),
+          capture=("attention_probs", "gate_scores", "resid_after_ffn"))
+    starts = _starts_numpy(seg)
+    queries = (seg != 0) & (starts != np.arange(seg.shape[1])[None])
+    tokens = seg != 0
+    out: dict[str, list] = {"f_attn": [], "m_act": [], "gate_mean": []}
+    for layer in capture.collect(model):
+        first = _reference_first_token(layer["attention_probs"], seg)  # [b, h, s]
+        out["f_attn"].append((first * queries[:, None]).sum(axis=(0, 2)) / queries.sum())
+        out["m_act"].append(np.abs(np.asarray(layer["resid_after_ffn"])[tokens]).max())
+        out["gate_mean"].append(np.asarray(layer["gate_scores"])[tokens].mean())
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def _telemetry_as_training_runs_it(impl: str, segmented: bool) -> tuple[dict, str]:
+    """The record of one telemetry call with the model on `impl`, jitted as train.run jits it
+    (the batch split over a data=2 mesh of this host's CPU devices, so each device's kernel
+    gets one row under shard_map, as on a pod), and the traced program's jaxpr.
+
+    One row per kernel call also keeps splash runnable here: jax 0.10's TPU interpreter
+    cannot run splash vmapped over a batch of more than one row (its grid gains the batch
+    dimension, its dimension semantics do not); Mosaic compiles it for a TPU."""
+    config, graphdef, params = _model(impl=impl)
+    batch, _ = _batch(segmented)
+    mesh = sharding.create_mesh(config.mesh, jax.devices()[:2])
+    rules = sharding.rules_from_config(config.mesh)
+    jitted = jax.jit(telemetry.make_telemetry_fn(graphdef, config),
+                     in_shardings=(NamedSharding(mesh, PartitionSpec()),
+                                   sharding.batch_sharding(mesh, rules)))
+    # Mosaic kernels inside the documented TPU interpret mode, as their own tests run them.
+    mosaic = pltpu.force_tpu_interpret_mode() if impl in ("pallas_tpu", "splash") else \
+        contextlib.nullcontext()
+    with mosaic, jax.set_mesh(mesh), sharding.logical_rules(rules):
+        traced = jitted.trace(params, batch)
+        values = traced.lower().compile()(params, batch)
+    return telemetry.to_record(jax.device_get(values), "sigmoid"), str(traced.jaxpr)
+
+
+@pytest.mark.slow  # the Pallas kernels in interpret mode: about 2 to 7 s a case on one core
+@pytest.mark.parametrize("segmented", [False, True])
+@pytest.mark.parametrize("impl", ["chunked", "pallas_tpu", "splash", "pallas_gpu"])
+def test_telemetry_on_every_kernel_matches_the_xla_reference_maps(impl, segmented):
+    """Telemetry takes F-Attn from q and k (after QK-norm and RoPE) with its own blockwise
+    logsumexp in plain XLA, whatever kernel the model attends with: on every implementation
+    it equals the first-token column of the XLA reference's maps. The kernel still runs in the
+    telemetry's forward (its output is the next layer's input and M-Act's residual), so layer
+    1 and M-Act differ from the reference by the kernel's float32 rounding only."""
+    record, jaxpr = _telemetry_as_training_runs_it(impl, segmented)
+    assert ("pallas_call" in jaxpr) == (impl != "chunked")  # the kernel is in the program
+    expected = _xla_reference(segmented)
+    for i, per_head in enumerate(expected["f_attn"]):
+        np.testing.assert_allclose(record["f_attn_per_head"][i], per_head, rtol=1e-5,
+                                   atol=1e-6, err_msg=f"layer {i}")
+    np.testing.assert_allclose(record["m_act_per_layer"], expected["m_act"], rtol=1e-5)
+    np.testing.assert_allclose(record["gate_mean_per_layer"], expected["gate_mean"], rtol=1e-5)
+    heads = np.concatenate(expected["f_attn"])
+    assert record["sink_rate"] == pytest.approx(np.mean(heads > telemetry.SINK_THRESHOLD))
+    assert heads.std() > 0.05  # heads differ: not a uniform model
+
+
+@pytest.mark.slow  # two deviceless XLA:GPU compiles, about 6 s each
+@pytest.mark.needs("jax_plugins.xla_cuda12")
+@pytest.mark.reference("smoke")
+@pytest.mark.parametrize("impl", ["cudnn", "cudnn_packed"])
+def test_telemetry_compiles_for_an_h200_with_cudnn(impl):
+    """No GPU here, and the F-Attn it reports comes from plain XLA on any kernel (above): what
+    cuDNN could break is the telemetry's program itself. Compiled deviceless for an H200 as
+    the pre-flight compiles it (the training shardings): one cuDNN forward per layer, no
+    backward, and a statistic per layer and head. impl="cudnn" takes no segment ids, so its
+    batch is unpacked rows; cudnn_packed takes the training batch (packed rows)."""
+    config = _config(impl=impl)
+    config.model.dtype = "bfloat16"  # cuDNN's flash attention is 16-bit only
+    config.train.batch_size = 2
+    mesh = preflight.gpu_mesh(preflight.parse_target("h200-1"), config.mesh)
+    batch = None
+    if impl == "cudnn":
+        rules = sharding.rules_from_config(config.mesh)
+        packed = preflight.abstract_batch(config, mesh, rules)
+        batch = {k: packed[k] for k in ("inputs", "positions")}
+    step = preflight.compile_telemetry(config, mesh, platform="gpu", batch=batch)
+    calls = re.findall(r'custom_call_target="([^"]+)"', step.hlo_text)
+    assert calls.count("__cudnn$fmhaSoftmax") == config.model.num_layers, calls
+    assert not any("Backward" in c for c in calls)
+    f_attn = step.compiled.out_info["f_attn_per_head"]
+    assert [x.shape for x in f_attn] == [(config.model.num_heads,)] * config.model.num_layers
+
+
+def _preflight_config():
+    """tests/test_preflight.py's tiny config (2 scanned layers, the Pallas TPU kernel),
+    without remat and eval: the cheapest train step beside the telemetry."""
+    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config.model.num_layers = 2
+    config.model.scan_layers = True
+    config.model.attention_impl = "pallas_tpu"
+    config.train.batch_size = 8
+    config.train.eval_every = 0
+    return config
+
+
+@pytest.mark.slow  # a train step and a telemetry compiled by libtpu: about 20 s
+@pytest.mark.needs("libtpu")
+@pytest.mark.reference("independent")
+def test_preflight_compiles_the_telemetry_beside_the_train_step(tmp_path, monkeypatch):
+    """A run with telemetry_every > 0 calls the telemetry function at step telemetry_every:
+    the pre-flight compiles it for the slice with the training shardings and judges its
+    memory like a step's (with the train state resident), so it cannot first fail there."""
+    config = _preflight_config()
+    assert preflight.steps_main_runs(config) == ("train", "telemetry")
+    compiled = {}  # each program compiled once; the verdicts below reuse them
+    real_step, real_telemetry = preflight.compile_step, preflight.compile_telemetry
+
+    def compile_step(config, mesh, name, **kwargs):
+        return compiled.get(name) or compiled.setdefault(
+            name, real_step(config, mesh, name, **kwargs))
+
+    def compile_telemetry(config, mesh, **kwargs):
+        return compiled.get("telemetry") or compiled.setdefault(
+            "telemetry", real_telemetry(config, mesh, **kwargs))
+
+    monkeypatch.setattr(preflight, "compile_step", compile_step)
+    monkeypatch.setattr(preflight, "compile_telemetry", compile_telemetry)
+    tpu = preflight.parse_target("v5litepod-4")
+    info = preflight.preflight(config, tpu, dump_hlo=tmp_path / "hlo")
+    assert list(info["steps"]) == ["train", "telemetry"] and info["fits"]
+    tele, step = info["steps"]["telemetry"], info["steps"]["train"]
+    # Arguments: the float32 weights (replicated over data=4) and this device's quarter of
+    # the batch arrays the telemetry reads (inputs, positions, segment ids: int32 [2, 256]);
+    # jit drops the two it does not read.
+    params = memory.parameter_bytes(config_lib.model_config(config), info["mesh"])
+    assert params == 4 * 2 * (128 * 128 * 4 + 128 * 384 * 3 + 2 * 128 + 2 * 32) + 4 * (
+        1024 * 128 + 128)  # q,k,v(GQA 2 of 4 heads),o,gate = 4 of D x 128; 3 FFN; 4 norms
+    assert math.isclose(tele["memory"]["arguments"], params + 3 * 2 * 256 * 4, rel_tol=0.01)
+    # Its total counts the AdamW moments that stay resident beside it: over 3 x the weights.
+    assert tele["memory"]["total"] >= 3 * params and tele["headroom"] == (
+        16 * 2**30 - tele["memory"]["total"])
+    # The forward only: the Pallas kernel once in the one scanned block, compiled by Mosaic
+    # (no interpreter), against forward, dq and dk/dv in the train step (no remat).
+    assert (tele["mosaic_kernels"], step["mosaic_kernels"]) == (1, 3)
+    hlo = (tmp_path / "hlo" / "telemetry_step.hlo.txt").read_text()
+    assert "tpu_custom_call" in hlo and "callback" not in hlo.lower()
+    assert 0 < tele["flops_per_device"] < step["flops_per_device"]
+    text = preflight.format_report(info)
+    assert re.search(r"^per device +train step +telemetry$", text, re.M), text
+    assert "note: telemetry runs once every 100 steps" in text
+    assert text.endswith("=> fits on v5litepod-4")
+    # Judged like a step: on a chip too small for it, or refused by the compiler, the
+    # pre-flight says the run does not fit.
+    small = dataclasses.replace(tpu, generation=dataclasses.replace(
+        tpu.generation, hbm_bytes=tele["memory"]["total"] - 1))
+    refused = preflight.preflight(config, small)
+    assert not refused["fits"] and not refused["steps"]["telemetry"]["fits"]
+
+    def out_of_memory(*args, **kwargs):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Ran out of memory in memory "
+                                         "space hbm ...")
+
+    monkeypatch.setattr(preflight, "compile_telemetry", out_of_memory)
+    oom = preflight.preflight(config, tpu)
+    assert oom["steps"]["train"]["fits"] and not oom["fits"]
+    assert "telemetry: refused by the compiler: RESOURCE_EXHAUSTED" in \
+        preflight.format_report(oom)
+    config.train.telemetry_every = 0  # off: not compiled
+    assert preflight.steps_main_runs(config) == ("train",)
 
 
 def _events(folder: pathlib.Path):
