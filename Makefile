@@ -71,7 +71,8 @@ bench: $(CORE_STAMP)
 	$(PY) benchmarks/attention.py
 	$(PY) benchmarks/moe.py
 
-# The CPU-scale tables of docs/ (docs/sinks.md): run their grids (resumable), rewrite them.
+# The CPU-scale tables of docs/ (docs/sinks.md, docs/analysis.md's learning-rate sweep): run
+# their grids (resumable), rewrite them.
 tables: $(CORE_STAMP)
 	$(PY) -m experiments.make_tables --root runs/tables
 

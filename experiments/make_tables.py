@@ -4,10 +4,16 @@
 
 Each table in TABLES is a block of a docs page between `<!-- table:NAME begin -->` and
 `<!-- table:NAME end -->`. For each, the grid is run (resumable: finished runs are kept; one
-run at a time), summarised, and the block rewritten with the paired table and a line naming
-the command, the commits the runs' record.json name and the seeds. --no_run only summarises
-roots already there. The block names the seeds and commits, so a rerun can be compared with
-it; this script does not itself check that a rerun reproduces the numbers.
+run at a time), summarised, and the block rewritten with the table (kind "paired": the paired
+table against the baseline; kind "lr_sweep": the summary's learning-rate sweep tables) and a
+line naming the command, the commits the runs' record.json name and the seeds. --no_run only
+summarises roots already there. The block names the seeds and commits, so a rerun can be
+compared with it; this script does not itself check that a rerun reproduces the numbers.
+
+    sinks_cpu  docs/sinks.md     the seven Table 4 rows of experiments/grids/sinks_cpu.py, seeds 0-2
+    lr_cpu     docs/analysis.md  experiments/grids/lr_cpu.py shortened (batch 4, 200 steps),
+                                 baseline and G1 elementwise at lr x1, x8 (seed 0), x32, x128
+                                 (seeds 0, 1): 12 runs of 1 to 9 minutes on a shared 2-core CPU
 """
 
 from __future__ import annotations
@@ -23,14 +29,31 @@ from typing import Any
 from experiments import comparisons, paired_stats, summarize
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# name -> (docs page, grid file, seeds, runs (None = all), metrics of the paired table)
+SINK_VARIANTS = ("baseline", "g1_sdpa_elementwise", "g1_sdpa_headwise", "g1_sdpa_head_shared",
+                 "g2_value_elementwise", "g1_input_independent", "g1_ns_sigmoid")
+LR_VARIANTS = ("baseline", "g1_sdpa_elementwise")
+# name -> kind ("paired" or "lr_sweep"), docs page, grid file, seeds, run_grid's other
+# arguments, the runs (--only) and how the command line names them, and for "paired" the
+# metrics of the table.
 TABLES: dict[str, dict[str, Any]] = {
     "sinks_cpu": {
-        "page": "docs/sinks.md", "grid": "experiments/grids/sinks_cpu.py", "seeds": "0,1,2",
-        "variants": ("baseline", "g1_sdpa_elementwise", "g1_sdpa_headwise",
-                     "g1_sdpa_head_shared", "g2_value_elementwise", "g1_input_independent",
-                     "g1_ns_sigmoid"),
+        "kind": "paired", "page": "docs/sinks.md", "grid": "experiments/grids/sinks_cpu.py",
+        "seeds": "0,1,2", "args": (),
+        "only": tuple(f"sink_tiny-h2-{v}-s{s}" for v in SINK_VARIANTS for s in (0, 1, 2)),
+        "only_text": "its 7 Table 4 rows",
         "metrics": ("f_attn", "sink_rate", "m_act", "eval_loss"),
+    },
+    "lr_cpu": {
+        "kind": "lr_sweep", "page": "docs/analysis.md", "grid": "experiments/grids/lr_cpu.py",
+        "seeds": "0,1",
+        "args": ("--lr_multipliers", "1,8,32,128", "--no_analyze",
+                 "--set", "train.batch_size=4", "--set", "train.steps=200",
+                 "--set", "train.eval_every=200", "--set", "train.checkpoint_every=200"),
+        "only": tuple(f"tiny-l12-{v}-lrx{m}-s{s}" for v in LR_VARIANTS
+                      for m, seeds in ((1, (0,)), (8, (0,)), (32, (0, 1)), (128, (0, 1)))
+                      for s in seeds),
+        "only_text": "its 12 runs: baseline and G1 elementwise, seed 0 at x1 and x8, "
+                     "seeds 0 and 1 at x32 and x128",
     },
 }
 
@@ -39,25 +62,33 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def table_block(name: str, result: Mapping[str, Any], command: str) -> str:
-    """Markdown of one table: per row mean ± se over seeds and the paired difference to the
-    baseline with its 95% t interval, t-test p-value and Holm mark, for each metric; then,
-    for each difference that is not significant, the seeds that would resolve it."""
-    spec = TABLES[name]
-    groups = [g for g in result["groups"] if g["seeds"]]
+def produced_line(result: Mapping[str, Any], command: str) -> str:
+    """The command, the commits the finished runs' record.json name, and their seeds."""
     done = [r for r in result["runs"] if r["state"] == "done"]
     commits = sorted({r.get("commit") for r in done if r.get("commit")})
     dirty = any(r.get("dirty") for r in done)
-    seeds = sorted({r["seed"] for r in result["runs"] if r["state"] == "done"})
+    seeds = sorted({r["seed"] for r in done})
+    return (f"Produced by `{command}`, then `python -m experiments.summarize`, at "
+            f"commit{'s' if len(commits) > 1 else ''} "
+            + (", ".join(f"`{c[:10]}`" for c in commits) or "unknown")
+            + (" (with uncommitted changes)" if dirty else "")
+            + f", seeds {', '.join(map(str, seeds))}.")
+
+
+def table_block(name: str, result: Mapping[str, Any], command: str) -> str:
+    """Markdown of one table, by its kind: "lr_sweep" (lr_sweep_block) or "paired": per row
+    mean ± se over seeds and the paired difference to the baseline with its 95% t interval,
+    t-test p-value and Holm mark, for each metric; then, for each difference that is not
+    significant, the seeds that would resolve it."""
+    spec = TABLES[name]
+    if spec["kind"] == "lr_sweep":
+        return lr_sweep_block(result, command)
+    groups = [g for g in result["groups"] if g["seeds"]]
     paired = {(e["group"], e["metric"]): e for e in result["paired"]}
     titles = {m: t for m, t, _ in comparisons.PAIRED_METRICS}
     head = "| variant | seeds | " + " | ".join(
         f"{titles[m]} (mean ± se) | minus baseline [95% CI]" for m in spec["metrics"]) + " |"
-    lines = [f"Produced by `{command}`, then `python -m experiments.summarize`, at "
-             f"commit{'s' if len(commits) > 1 else ''} "
-             + (", ".join(f"`{c[:10]}`" for c in commits) or "unknown")
-             + (" (with uncommitted changes)" if dirty else "")
-             + f", seeds {', '.join(map(str, seeds))}.", "", head,
+    lines = [produced_line(result, command), "", head,
              "|---|---|" + "---|---|" * len(spec["metrics"])]
     for g in groups:
         cells = []
@@ -93,6 +124,20 @@ def table_block(name: str, result: Mapping[str, Any], command: str) -> str:
                               f"({e['diff']:+.3f}): {_seeds_for(e, result['paired'])}"
                               for e in unresolved) + "."]
     return "\n".join(lines)
+
+
+def lr_sweep_block(result: Mapping[str, Any], command: str) -> str:
+    """The summary's learning-rate sweep section without its heading: what it measures, then
+    per variant the best loss and the largest stable learning rate, then every point."""
+    section = comparisons.lr_sweep_markdown(result["lr_sweep"])
+    if not section:
+        return produced_line(result, command) + "\n\nNo run of the sweep has finished."
+    body = section[1:] if section[0].startswith("## ") else section
+    while body and not body[0]:
+        body = body[1:]
+    while body and not body[-1]:
+        body = body[:-1]
+    return "\n".join([produced_line(result, command), "", *body])
 
 
 def _p(value: float) -> str:
@@ -134,16 +179,21 @@ def replace_block(text: str, name: str, block: str) -> str:
     return pattern.sub(lambda m: m.group(1) + block + m.group(2), text)
 
 
+def grid_command(name: str, grid_root: pathlib.Path) -> tuple[list[str], str]:
+    """run_grid's arguments for a table, and the command as its block names it."""
+    spec = TABLES[name]
+    args = [spec["grid"], "--root", str(grid_root), "--seeds", spec["seeds"], *spec["args"]]
+    text = (f"make tables (python -m experiments.run_grid {' '.join(args)} "
+            f"--only <{spec['only_text']}>)")
+    return [*args, "--only", ",".join(spec["only"])], text
+
+
 def make(name: str, root: pathlib.Path, run: bool) -> None:
     spec = TABLES[name]
     grid_root = root / name
-    only = ",".join(f"sink_tiny-h2-{v}-s{s}" for v in spec["variants"]
-                    for s in spec["seeds"].split(","))
-    command = (f"make tables (python -m experiments.run_grid {spec['grid']} --root {grid_root} "
-               f"--seeds {spec['seeds']} --only <its {len(spec['variants'])} Table 4 rows>)")
+    args, command = grid_command(name, grid_root)
     if run:
-        subprocess.run([sys.executable, "-m", "experiments.run_grid", spec["grid"], "--root",
-                        str(grid_root), "--seeds", spec["seeds"], "--only", only],
+        subprocess.run([sys.executable, "-m", "experiments.run_grid", *args],
                        cwd=REPO, check=False)
     result = summarize.summarize(grid_root)
     page = REPO / spec["page"]
