@@ -52,13 +52,36 @@ def code_version(root: pathlib.Path = REPO_ROOT) -> dict[str, Any]:
     return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
 
 
+def host_cpu(cpuinfo: str | None = None) -> dict[str, Any]:
+    """The host CPU: its model and vector extensions. XLA:CPU compiles for the host's ISA, so
+    a CPU run repeats bit for bit on the same kind of CPU only (AVX-512 against AVX2 changes
+    how reductions are vectorised, hence their rounding). cpuinfo: /proc/cpuinfo's text."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = pathlib.Path("/proc/cpuinfo").read_text()
+        except OSError:  # not Linux
+            return {"model_name": platform.processor() or None, "machine": platform.machine()}
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            if fields:
+                break  # the first processor's block is enough
+            continue
+        fields.setdefault(key.strip(), value.strip())
+    flags = fields.get("flags", "").split()
+    return {"model_name": fields.get("model name"), "family": fields.get("cpu family"),
+            "model": fields.get("model"), "machine": platform.machine(),
+            "vector_isa": sorted(f for f in flags if f.startswith(("avx", "sse4", "fma", "amx")))}
+
+
 def hardware(mesh: Any) -> dict[str, Any]:
     devices = list(mesh.devices.flat)
     first = devices[0]
     return {"platform": first.platform, "device_kind": getattr(first, "device_kind", None),
             "devices": len(devices), "processes": jax.process_count(),
             "mesh": {k: int(v) for k, v in dict(mesh.shape).items()},
-            "host": platform.node(), "python": platform.python_version(),
+            "host": platform.node(), "host_cpu": host_cpu(), "python": platform.python_version(),
             "jax": jax.__version__}
 
 

@@ -29,6 +29,19 @@ def test_code_version_is_the_checkouts_commit_and_none_outside_git(tmp_path):
     assert run_record.code_version(tmp_path) == {"commit": None, "dirty": None}
 
 
+@pytest.mark.reference("golden")
+def test_host_cpu_names_the_model_and_vector_extensions_of_the_first_processor():
+    cpuinfo = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 207\n"
+               "model name\t: Intel(R) Xeon(R) Processor\n"
+               "flags\t\t: fpu sse sse2 sse4_1 sse4_2 fma avx avx2 avx512f avx512bw amx_tile\n\n"
+               "processor\t: 1\nmodel name\t: another\nflags\t\t: avx10\n")
+    cpu = run_record.host_cpu(cpuinfo)
+    assert cpu["model_name"] == "Intel(R) Xeon(R) Processor"
+    assert (cpu["family"], cpu["model"]) == ("6", "207")
+    assert cpu["vector_isa"] == ["amx_tile", "avx", "avx2", "avx512bw", "avx512f", "fma",
+                                 "sse4_1", "sse4_2"]
+
+
 def test_tables_are_rebuilt_from_records_with_command_commit_and_seeds(tmp_path):
     base, gated = [3.10, 3.00, 3.20], [3.00, 2.95, 3.05]
     runs = {}
