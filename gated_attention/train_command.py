@@ -14,11 +14,14 @@ The shell scripts print it with
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from absl import flags
+
+from gated_attention import cli_flags
 
 MODULE = "gated_attention.main"
 # The same command as a template of run_grid's fields (its `--command` default).
@@ -48,17 +51,26 @@ def train_argv(config: str, workdir: str, overrides: Mapping[str, Any] | None = 
     return argv + list(extra)
 
 
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    """The flags of the printing command, on `flag_values` (importing defines none)."""
+    flags.DEFINE_string("python", "python", "The Python that runs the command.",
+                        flag_values=flag_values)
+    flags.DEFINE_string("config", None, "Config spec, e.g. configs/ablation.py:arch=tiny.",
+                        flag_values=flag_values)
+    flags.DEFINE_string("workdir", None, "The run's directory.", flag_values=flag_values)
+    flags.DEFINE_enum("progress", None, ["true", "false"], "Show a progress bar (default: "
+                      "main's).", flag_values=flag_values)
+    flags.mark_flags_as_required(["config", "workdir"], flag_values=flag_values)
+    return flag_values
+
+
 def main(argv: Sequence[str]) -> int:
     """Print the training command for a shell script (flags after `--` are appended)."""
     args = list(argv)
     extra = args[args.index("--") + 1:] if "--" in args else []
     own = args[:args.index("--")] if "--" in args else args
-    parser = argparse.ArgumentParser(prog="gated_attention.train_command")
-    parser.add_argument("--python", default="python")
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--progress", choices=("true", "false"))
-    parsed = parser.parse_args(own)
+    parsed = cli_flags.Command("gated_attention.train_command", __doc__).parse(
+        define_flags(flags.FlagValues()), own)
     if parsed.progress is not None:  # as the scripts have always written it: lower case
         extra = [f"--progress={parsed.progress}", *extra]
     print(shlex.join(train_argv(parsed.config, parsed.workdir, python=parsed.python,

@@ -31,7 +31,8 @@ FLOORS: dict[str, int] = {
     "gated_attention.cuda_compile": 1,
     "gated_attention.cpu_compile": 0,  # cheap CPU compiles (imports nothing), for ops.testing
     "gated_attention.config_checks": 1,
-    "gated_attention.train_command": 1,  # the training command's argv (imports nothing)
+    "gated_attention.train_command": 1,  # the training command's argv (imports cli_flags only)
+    "gated_attention.cli_flags": 1,  # every command's flags, parsed on their own FlagValues
     # 2: what the model is made of: the variant space, the model description, layers.
     "gated_attention.variants": 2,
     "gated_attention.layers": 2,

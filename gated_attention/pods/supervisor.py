@@ -27,16 +27,18 @@ prints the commands of the loop (each script's own dry run) and changes nothing.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from gated_attention import paths, train_command
+from absl import flags
+
+from gated_attention import cli_flags, paths, train_command
 from gated_attention.pods import cloud
 from gated_attention.pods.events import EventLog
 
@@ -308,55 +310,75 @@ def dry_run(config: str, tpu: cloud.Slice, job: Job) -> int:
     return 0
 
 
-def _bool(text: str) -> bool:
-    if text not in ("true", "false"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be true or false")
-    return text == "true"
+CLI = cli_flags.Command("supervise", __doc__, positional=("subcommand",), hidden=("max-polls",))
+# The flags of one subcommand only (`--name` is both's); the other's are refused by name.
+SUBCOMMAND_FLAGS = {"run": ("arch", "variant"), "grid": ("grid", "claim")}
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    """The flags of both subcommands, on `flag_values` (importing the module defines none);
+    `parse_args` checks which subcommand each belongs to."""
+    for name, about in (("config", "The tpu_scripts settings file."),
+                        ("project", "Google Cloud project."), ("zone", "Zone of the slice."),
+                        ("tpu-name", "The slice's name."),
+                        ("bucket", "Where runs, logs and events go (gs://...)."),
+                        ("name", "run, grid: the run's or the grid's name.")):
+        flags.DEFINE_string(name, None, about, flag_values=flag_values)
+    flags.mark_flags_as_required(["config", "project", "zone", "tpu-name", "bucket", "name"],
+                                 flag_values=flag_values)
+    flags.DEFINE_enum("queued", "true", ["true", "false"], "Whether the slice is a queued "
+                      "resource.", flag_values=flag_values)
+    flags.DEFINE_string("extra-ssh-args", "", "More flags for tpu-vm ssh.",
+                        flag_values=flag_values)
+    flags.DEFINE_float("poll", 60.0, "Seconds between looks.", flag_values=flag_values)
+    flags.DEFINE_integer("max-restarts", 10, "Recreates + relaunches before giving up.",
+                         flag_values=flag_values)
+    flags.DEFINE_float("active-timeout", 24 * 3600.0, "Seconds a slice may wait for capacity "
+                       "before giving up.", flag_values=flag_values)
+    flags.DEFINE_float("broken-grace", 30.0, "Seconds a preempted or failed slice's workers "
+                       "get to save their checkpoint and logs before the slice is deleted.",
+                       flag_values=flag_values)
+    flags.DEFINE_integer("max-polls", None, "Stop after this many polls (tests).",
+                         flag_values=flag_values)
+    flags.DEFINE_bool("dry-run", False, "Print the loop's commands and change nothing.",
+                      flag_values=flag_values)
+    flags.DEFINE_string("arch", "tiny", "run: the architecture (launch.sh).",
+                        flag_values=flag_values)
+    flags.DEFINE_string("variant", "baseline", "run: the attention variant (launch.sh).",
+                        flag_values=flag_values)
+    flags.DEFINE_string("grid", None, "grid: the grid file, e.g. experiments/grids/table1.py.",
+                        flag_values=flag_values)
+    flags.DEFINE_bool("claim", False, "grid: share the grid with the other slices supervised "
+                      "alike (launch_grid.sh --claim).", flag_values=flag_values)
+    return flag_values
+
+
+def parse_args(argv: Sequence[str]) -> types.SimpleNamespace:
+    """The flags, the subcommand (`run` or `grid`), and the flags after `--` as
+    `passthrough` (for launch.sh's run or launch_grid.sh's grid)."""
     argv = list(argv)
     passthrough: list[str] = []
     if "--" in argv:
         split = argv.index("--")
         argv, passthrough = argv[:split], argv[split + 1:]
-    parser = argparse.ArgumentParser(prog="supervise", description=__doc__.split("\n")[0])
-    parser.add_argument("--config", required=True, help="the tpu_scripts settings file")
-    parser.add_argument("--project", required=True)
-    parser.add_argument("--zone", required=True)
-    parser.add_argument("--tpu-name", required=True)
-    parser.add_argument("--queued", type=_bool, default=True)
-    parser.add_argument("--bucket", required=True)
-    parser.add_argument("--extra-ssh-args", default="", help="more flags for tpu-vm ssh")
-    parser.add_argument("--poll", type=float, default=60.0, help="seconds between looks")
-    parser.add_argument("--max-restarts", type=int, default=10,
-                        help="recreates + relaunches before giving up")
-    parser.add_argument("--active-timeout", type=float, default=24 * 3600.0,
-                        help="seconds a slice may wait for capacity before giving up")
-    parser.add_argument("--broken-grace", type=float, default=30.0,
-                        help="seconds a preempted or failed slice's workers get to save "
-                             "their checkpoint and logs before the slice is deleted")
-    parser.add_argument("--max-polls", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--dry-run", action="store_true")
-    sub = parser.add_subparsers(dest="kind", required=True)
-    run = sub.add_parser("run", help="one training run (launch.sh)")
-    run.add_argument("--name", required=True)
-    run.add_argument("--arch", default="tiny")
-    run.add_argument("--variant", default="baseline")
-    grid = sub.add_parser("grid", help="an experiments grid (launch_grid.sh)")
-    grid.add_argument("--name", required=True)
-    grid.add_argument("--grid", required=True)
-    grid.add_argument("--claim", action="store_true",
-                      help="share the grid with the other slices supervised alike "
-                           "(launch_grid.sh --claim)")
-    args = parser.parse_args(argv)
+    flag_values = define_flags(flags.FlagValues())
+    args = CLI.parse(flag_values, argv)
+    if args.subcommand not in SUBCOMMAND_FLAGS:
+        CLI.error(f"the subcommand must be run or grid, not {args.subcommand!r}")
+    for subcommand, names in SUBCOMMAND_FLAGS.items():
+        given = [name for name in names if flag_values[name].present]
+        if subcommand != args.subcommand and given:
+            CLI.error(f"--{given[0]} is a flag of `{subcommand}`, not of `{args.subcommand}`")
+    if args.subcommand == "grid" and args.grid is None:
+        CLI.error("grid needs --grid (the grid file)")
+    args.queued = args.queued == "true"
     args.passthrough = tuple(passthrough)
     for flag, value, low in (("--max-restarts", args.max_restarts, 0), ("--poll", args.poll, 0),
                              ("--active-timeout", args.active_timeout, 0),
                              ("--broken-grace", args.broken_grace, 0)):
         at_least = flag in ("--max-restarts", "--broken-grace")
         if value < low or (not at_least and value == 0):
-            parser.error(f"{flag}={value} must be {'>= 0' if at_least else '> 0'}")
+            CLI.error(f"{flag}={value} must be {'>= 0' if at_least else '> 0'}")
     return args
 
 
@@ -364,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     tpu = cloud.Slice(args.project, args.zone, args.tpu_name, args.queued,
                       ssh_args=tuple(args.extra_ssh_args.split()))
-    if args.kind == "run":
+    if args.subcommand == "run":
         job = Job("run", args.name, args.bucket, arch=args.arch, variant=args.variant,
                   passthrough=args.passthrough)
     else:

@@ -14,7 +14,6 @@ the exit code is the command's (128 + N when a signal N ended it).
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import signal
@@ -24,7 +23,9 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 
-from gated_attention import paths
+from absl import flags
+
+from gated_attention import cli_flags, paths
 
 WORKER_ENV = ("TPU_WORKER_ID", "CLOUD_TPU_TASK_ID")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -115,24 +116,32 @@ def run(command: Sequence[str], dest: str, name: str, every: float = 60.0,
     return rc if rc >= 0 else 128 - rc
 
 
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    """The command's flags, on `flag_values` (importing the module defines none)."""
+    flags.DEFINE_string("dest", None, "Folder for the log (gs:// or local).",
+                        flag_values=flag_values)
+    flags.DEFINE_string("name", None, "File name; {worker} = worker number.",
+                        flag_values=flag_values)
+    flags.DEFINE_float("every", 60.0, "Seconds between copies.", flag_values=flag_values)
+    flags.DEFINE_string("local", DEFAULT_LOCAL, "Folder of the local log.",
+                        flag_values=flag_values)
+    flags.mark_flags_as_required(["dest", "name"], flag_values=flag_values)
+    return flag_values
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--" not in argv:
-        sys.exit("worker_log: give the command after `--`")
-    split = argv.index("--")
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dest", required=True, help="folder for the log (gs:// or local)")
-    parser.add_argument("--name", required=True, help="file name; {worker} = worker number")
-    parser.add_argument("--every", type=float, default=60.0, help="seconds between copies")
-    parser.add_argument("--local", default=DEFAULT_LOCAL, help="folder of the local log")
-    args = parser.parse_args(argv[:split])
+    # The flags before `--` are ours, the command after it is run as given.
+    split = argv.index("--") if "--" in argv else len(argv)
+    cli = cli_flags.Command("worker_log", __doc__)
+    args = cli.parse(define_flags(flags.FlagValues()), argv[:split])
     command = argv[split + 1:]
     if not command:
-        parser.error("give the command after `--`")
+        cli.error("give the command after `--`")
     if args.every <= 0:
-        parser.error(f"--every={args.every} must be a positive number of seconds")
+        cli.error(f"--every={args.every} must be a positive number of seconds")
     if "/" in args.name.replace("{worker}", ""):
-        parser.error(f"--name={args.name} must be a file name, not a path")
+        cli.error(f"--name={args.name} must be a file name, not a path")
     return run(command, args.dest, args.name, args.every, args.local)
 
 
