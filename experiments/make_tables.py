@@ -18,7 +18,6 @@ compared with it; this script does not itself check that a rerun reproduces the 
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import re
 import subprocess
@@ -26,7 +25,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from absl import flags
+
 from experiments import comparisons, paired_stats, summarize
+from gated_attention import cli_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SINK_VARIANTS = ("baseline", "g1_sdpa_elementwise", "g1_sdpa_headwise", "g1_sdpa_head_shared",
@@ -201,16 +203,23 @@ def make(name: str, root: pathlib.Path, run: bool) -> None:
     print(f"{spec['page']}: table {name} rewritten from {grid_root}")
 
 
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    """The command's flags, on `flag_values` (importing the module defines none)."""
+    flags.DEFINE_string("root", "runs/tables", "Where the grids' runs go.",
+                        flag_values=flag_values)
+    flags.DEFINE_string("only", "", "Comma-separated table names.", flag_values=flag_values)
+    flags.DEFINE_bool("no_run", False, "Summarise existing roots only.",
+                      flag_values=flag_values)
+    return flag_values
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--root", default="runs/tables", help="where the grids' runs go")
-    parser.add_argument("--only", default="", help="comma-separated table names")
-    parser.add_argument("--no_run", action="store_true", help="summarise existing roots only")
-    args = parser.parse_args(argv)
+    cli = cli_flags.Command("experiments.make_tables", __doc__)
+    args = cli.parse(define_flags(flags.FlagValues()), argv)
     names = [n for n in args.only.split(",") if n] or list(TABLES)
     unknown = set(names) - set(TABLES)
     if unknown:
-        parser.error(f"--only names {sorted(unknown)}; tables: {', '.join(TABLES)}")
+        cli.error(f"--only names {sorted(unknown)}; tables: {', '.join(TABLES)}")
     for name in names:
         make(name, pathlib.Path(args.root), run=not args.no_run)
     return 0

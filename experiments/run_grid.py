@@ -34,7 +34,6 @@ until nothing is left to train.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import concurrent.futures
 import dataclasses
@@ -51,10 +50,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from absl import flags
 from etils import epath
 
 from experiments import grid_lib
-from gated_attention import paths, train_command
+from gated_attention import cli_flags, paths, train_command
 from gated_attention.pods import claims
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -361,76 +361,88 @@ def run_claimed(plan: Sequence[tuple[grid_lib.Run, list[str], list[str] | None]]
     return 0
 
 
-def _default_worker(parser: argparse.ArgumentParser) -> int:
+CLI = cli_flags.Command("experiments.run_grid", __doc__, positional=("grid",))
+
+
+def _default_worker() -> int:
     text = os.environ.get(WORKER_ENV, "").strip()
     if not text:
         return 0
     if not text.isdigit():
-        parser.error(f"environment variable {WORKER_ENV}={text!r} must be a worker number "
-                     "(0, 1, ...)")
+        CLI.error(f"environment variable {WORKER_ENV}={text!r} must be a worker number "
+                  "(0, 1, ...)")
     return int(text)
 
 
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    """The command's flags, on `flag_values` (importing the module defines none); the grid
+    file is the one positional argument."""
+    flags.DEFINE_string("root", None, "Directory that holds the grid's runs (local or "
+                        "gs://...).", flag_values=flag_values)
+    flags.DEFINE_string("scale", "tiny", f"One of {', '.join(grid_lib.SCALES)}.",
+                        flag_values=flag_values)
+    flags.DEFINE_string("seeds", "0", "Comma-separated seeds, e.g. 0,1,2.",
+                        flag_values=flag_values)
+    flags.DEFINE_integer("parallel", 1, "Runs at a time.", flag_values=flag_values)
+    flags.DEFINE_multi_string("set", [], "KEY=VALUE: a config override for every run, e.g. "
+                              "train.steps=200 (repeatable).", flag_values=flag_values)
+    flags.DEFINE_string("only", "", "Comma-separated run names to run.",
+                        flag_values=flag_values)
+    flags.DEFINE_string("lr_multipliers", "", "Comma-separated multipliers of each run's peak "
+                        "learning rate, e.g. 0.5,1,2,4,8 (an LR sweep per variant).",
+                        flag_values=flag_values)
+    flags.DEFINE_bool("dry_run", False, "Print the commands and stop.", flag_values=flag_values)
+    flags.DEFINE_bool("no_analyze", False, "Train only.", flag_values=flag_values)
+    flags.DEFINE_string("command", TRAIN_COMMAND, "Train command template.",
+                        flag_values=flag_values)
+    flags.DEFINE_string("analyze_command", ANALYZE_COMMAND, "Analysis command template.",
+                        flag_values=flag_values)
+    flags.DEFINE_integer("worker", None, f"This worker's number on a pod (default "
+                         f"${WORKER_ENV}, else 0); only worker 0 writes into the root.",
+                         flag_values=flag_values)
+    flags.DEFINE_string("local_logs", DEFAULT_LOCAL_LOGS, "Local folder for command output "
+                        "when the root is remote or the worker is not 0 (a subfolder per "
+                        "root).", flag_values=flag_values)
+    flags.DEFINE_string("slice", "", "Share the grid with other slices: take runs by claim in "
+                        "the root, as this slice (e.g. its TPU name); see run_claimed.",
+                        flag_values=flag_values)
+    flags.mark_flag_as_required("root", flag_values=flag_values)
+    return flag_values
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("grid", help="grid file, e.g. experiments/grids/table1.py")
-    parser.add_argument("--root", required=True,
-                        help="directory that holds the grid's runs (local or gs://...)")
-    parser.add_argument("--scale", default="tiny", help=f"one of {', '.join(grid_lib.SCALES)}")
-    parser.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
-    parser.add_argument("--parallel", type=int, default=1, help="runs at a time")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="config override for every run, e.g. train.steps=200")
-    parser.add_argument("--only", default="", help="comma-separated run names to run")
-    parser.add_argument("--lr_multipliers", default="",
-                        help="comma-separated multipliers of each run's peak learning rate, "
-                             "e.g. 0.5,1,2,4,8 (an LR sweep per variant)")
-    parser.add_argument("--dry_run", action="store_true", help="print the commands and stop")
-    parser.add_argument("--no_analyze", action="store_true", help="train only")
-    parser.add_argument("--command", default=TRAIN_COMMAND, help="train command template")
-    parser.add_argument("--analyze_command", default=ANALYZE_COMMAND,
-                        help="analysis command template")
-    parser.add_argument("--worker", type=int, default=None,
-                        help=f"this worker's number on a pod (default ${WORKER_ENV}, else 0); "
-                             "only worker 0 writes into the root")
-    parser.add_argument("--local_logs", default=DEFAULT_LOCAL_LOGS,
-                        help="local folder for command output when the root is remote or the "
-                             "worker is not 0 (a subfolder per root)")
-    parser.add_argument("--slice", default="",
-                        help="share the grid with other slices: take runs by claim in the "
-                             "root, as this slice (e.g. its TPU name); see run_claimed")
-    args = parser.parse_args(argv)
+    args = CLI.parse(define_flags(flags.FlagValues()), argv)
     if args.slice and not re.fullmatch(r"[A-Za-z0-9._-]+", args.slice):
-        parser.error(f"--slice={args.slice!r} may only hold letters, digits, '.', '-', '_'")
-    worker = _default_worker(parser) if args.worker is None else args.worker
+        CLI.error(f"--slice={args.slice!r} may only hold letters, digits, '.', '-', '_'")
+    worker = _default_worker() if args.worker is None else args.worker
     if worker < 0:
-        parser.error(f"--worker={worker} must be >= 0")
+        CLI.error(f"--worker={worker} must be >= 0")
     if args.parallel < 1:
-        parser.error(f"--parallel={args.parallel} must be >= 1")
+        CLI.error(f"--parallel={args.parallel} must be >= 1")
     multihost = os.environ.get(MULTIHOST_ENV, "").strip().lower() in ("1", "true")
     if args.parallel > 1 and (worker != 0 or multihost):
         why = f"worker {worker}" if worker != 0 else f"{MULTIHOST_ENV}=1"
-        parser.error(f"--parallel={args.parallel} with {why}: the runs of a pod use every "
-                     "worker and must run one at a time, in the same order on every worker; "
-                     "use --parallel 1")
+        CLI.error(f"--parallel={args.parallel} with {why}: the runs of a pod use every "
+                  "worker and must run one at a time, in the same order on every worker; "
+                  "use --parallel 1")
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
-        parser.error(f"--seeds={args.seeds!r} must be comma-separated integers")
+        CLI.error(f"--seeds={args.seeds!r} must be comma-separated integers")
     settings = parse_settings(args.set)
     runs = grid_lib.grid_runs(args.grid, args.scale, seeds)
     if args.lr_multipliers:
         try:
             multipliers = grid_lib.parse_multipliers(args.lr_multipliers)
         except grid_lib.GridError as err:
-            parser.error(str(err))
+            CLI.error(str(err))
         runs = grid_lib.with_lr_multipliers(runs, multipliers)
     if args.only:
         wanted = set(args.only.split(","))
         unknown = wanted - {r.name for r in runs}
         if unknown:
-            parser.error(f"--only names {sorted(unknown)} are not in the grid; runs: "
-                         + ", ".join(r.name for r in runs))
+            CLI.error(f"--only names {sorted(unknown)} are not in the grid; runs: "
+                      + ", ".join(r.name for r in runs))
         runs = [r for r in runs if r.name in wanted]
     root = paths.resolve(args.root)
     plan = []
@@ -453,7 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_manifest(root, str(args.grid), args.scale, runs, settings)
     if args.slice:
         if args.parallel > 1:
-            parser.error("--slice runs one run at a time on its slice: use --parallel 1")
+            CLI.error("--slice runs one run at a time on its slice: use --parallel 1")
         return run_claimed(plan, place, args.slice)
     todo = [p for p in plan if (statuses[p[0].name] or {}).get("state") != "done"]
     print(f"{len(plan)} runs in {root}: {len(plan) - len(todo)} done, {len(todo)} to run")

@@ -30,7 +30,6 @@ The root may be local or a bucket: every path is an etils.epath (gated_attention
 
 from __future__ import annotations
 
-import argparse
 import collections
 import csv
 import io
@@ -42,11 +41,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from absl import flags
 from etils import epath
 from scipy import stats as scipy_stats
 
 from experiments import comparisons, grid_lib
-from gated_attention import errors, paths
+from gated_attention import cli_flags, errors, paths
 
 METRICS = (  # (our key, paper key, column title)
     ("ppl", "avg_ppl", "PPL"),
@@ -544,13 +544,18 @@ def summarize(root: paths.PathLike, reference: str | None = None) -> dict[str, A
             "paired": paired, "sink_check": sink, "lr_sweep": sweeps}
 
 
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    """The command's flags, on `flag_values` (importing the module defines none); the grid's
+    root (as given to run_grid --root) is the one positional argument."""
+    flags.DEFINE_string("reference", None, "The row every other row is compared with (a group "
+                        "name, label or variant; default: the baseline).",
+                        flag_values=flag_values)
+    return flag_values
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("root", help="a grid's root directory (as given to run_grid --root)")
-    parser.add_argument("--reference", default=None,
-                        help="the row every other row is compared with (a group name, label "
-                             "or variant; default: the baseline)")
-    args = parser.parse_args(argv)
+    args = cli_flags.Command("experiments.summarize", __doc__, positional=("root",)).parse(
+        define_flags(flags.FlagValues()), argv)
     try:
         result = summarize(args.root, args.reference)
     except (errors.UserError, FileNotFoundError) as err:

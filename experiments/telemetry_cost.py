@@ -35,7 +35,6 @@ the config's interval.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import datetime
@@ -49,6 +48,9 @@ from pathlib import Path
 from typing import Any
 
 import jax
+from absl import flags
+
+from gated_attention import cli_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -210,18 +212,28 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    """The command's flags, on `flag_values` (importing the module defines none)."""
+    flags.DEFINE_string("config", None, "Config file[:arg], as for main.",
+                        flag_values=flag_values)
+    flags.DEFINE_string("topology", "", "TPU topology, e.g. v5e:2x2, v5p:2x2x1.",
+                        flag_values=flag_values)
+    flags.DEFINE_multi_string("set", [], "KEY=VALUE: a config override (repeatable).",
+                              flag_values=flag_values)
+    flags.DEFINE_integer("cpu_steps", 0, "Train steps to time on this CPU, with and without "
+                         "telemetry.", flag_values=flag_values)
+    flags.DEFINE_bool("extrapolate_layers", False, "Compile 1 and 2 unrolled layers and "
+                      "extrapolate to the config's depth (for models too large to compile "
+                      "unrolled).", flag_values=flag_values)
+    flags.DEFINE_integer("block", 0, "First-token pass block (0: one block of seq_len, no "
+                         "loop).", flag_values=flag_values)
+    flags.mark_flag_as_required("config", flag_values=flag_values)
+    return flag_values
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", required=True, help="config file[:arg], as for main")
-    parser.add_argument("--topology", default="", help="TPU topology, e.g. v5e:2x2, v5p:2x2x1")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--cpu_steps", type=int, default=0)
-    parser.add_argument("--extrapolate_layers", action="store_true",
-                        help="compile 1 and 2 unrolled layers and extrapolate to the config's "
-                        "depth (for models too large to compile unrolled)")
-    parser.add_argument("--block", type=int, default=0,
-                        help="first-token pass block (0: one block of seq_len, no loop)")
-    args = parser.parse_args(argv)
+    args = cli_flags.Command("experiments.telemetry_cost", __doc__).parse(
+        define_flags(flags.FlagValues()), argv)
     settings = dict(item.split("=", 1) for item in args.set)
     if args.block < 0:
         from gated_attention.errors import UserError

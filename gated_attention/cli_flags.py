@@ -56,8 +56,9 @@ class Command:
         names = list(self.positional)
         many = bool(names) and names[-1].endswith("...")
         if len(rest) < len(names) or (len(rest) > len(names) and not many):
-            expected = " ".join(name.upper() for name in names) or "no positional argument"
-            self.error(f"expected {expected}, got {' '.join(rest) or 'none'}")
+            expected = " ".join(name.upper() for name in names) or "none"
+            self.error(f"positional arguments: expected {expected}, got "
+                       f"{' '.join(rest) or 'none'}")
         if many:
             last = names.pop()[:-3]
             return {**dict(zip(names, rest)), last: rest[len(names):]}
