@@ -145,8 +145,9 @@ ON_NONFINITE = train_config.ON_NONFINITE
 
 
 def data_section(arch: str) -> ml_collections.ConfigDict:
-    """What the model reads: the fields every source shares, then each source's own."""
-    return ml_collections.ConfigDict(dict(
+    """What the model reads: the fields every source shares, then each source's own section
+    (config.data.seqio, config.data.tfds, ...; data/registry.py)."""
+    return data_registry.with_sections(dict(
         source=ARCH_RUN_DEFAULTS[arch].get("source", "cpython_docs"),  # a data/registry.py name
         # one of TOKENIZERS; "byte" needs model.vocab_size >= 259; "hf" reads
         # data.tokenizer_path (a tokenizer.json)
@@ -165,9 +166,8 @@ def data_section(arch: str) -> ml_collections.ConfigDict:
                                     # bpe trains in ~2 s on the docs corpus, unigram in ~20 s
         sp_input_sentence_size=100_000,  # sentences sampled to train SentencePiece
         cache_dir="",               # "" = $GATED_ATTENTION_CACHE or ~/.cache/gated_attention
-        # Each source's own fields (seqio_*, tfds_*, backcopy_*, passkey_*, paths, ...), with
-        # their defaults and meaning in the source's module (data/registry.py lists them).
-        **data_registry.source_fields(),
+        # Fields several sources read (paths, text_key, tfds_data_dir): data/registry.py.
+        **data_registry.SHARED_FIELDS,
     ))
 
 
@@ -236,10 +236,24 @@ def base_config(arch: str = "tiny", variant: str = "baseline") -> ml_collections
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]
                     ) -> ml_collections.ConfigDict:
-    """Set "section.field" values (an arch's training defaults, a recipe) on a config."""
+    """Set "section.field" values (an arch's training defaults, a recipe; nested ones such as
+    "data.passkey.digits" too) on a config."""
     for key, value in overrides.items():
-        section, field = key.split(".")
-        config[section][field] = value
+        *sections, field = key.split(".")
+        target = config
+        for section in sections:
+            target = target[section]
+        target[field] = value
+    return config
+
+
+def saved_config(saved: dict[str, Any]) -> ml_collections.ConfigDict:
+    """A run's config.json (parsed) as a ConfigDict, with each data source's section: a run
+    saved before sections has the flat names only (data.seqio_task, ...), rebuilt here into
+    data.seqio.task and kept as its alias, as base_config makes them."""
+    config = ml_collections.ConfigDict(saved)
+    if "data" in saved:
+        config.data = data_registry.with_sections(saved["data"])
     return config
 
 

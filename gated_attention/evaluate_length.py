@@ -169,7 +169,7 @@ def evaluate(workdir: str | os.PathLike[str], lengths: Sequence[int], *,
     add_bos = bool(config.data.add_bos)
     count_tokens = retrieval_tasks.token_counter(tokenizer, add_bos)
     # marked pass keys as long as the run's own (10 digits for a run on other data)
-    options = {"marked_passkey": {"digits": int(config.data.get("passkey_digits", 10))}}
+    options = {"marked_passkey": {"digits": int(config.data.passkey.digits)}}
     settings = {"step": int(step), "lengths": lengths, "scalings": list(scalings),
                 "yarn_factor": factor, "train_length": train_length, "tasks": list(tasks),
                 "examples": examples, "ppl_rows": ppl_rows, "seed": seed}

@@ -43,7 +43,7 @@ def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
                       "TPU pod, with GATED_ATTENTION_MULTIHOST=1 or with JAX_COORDINATOR_ADDRESS "
                       "set.", flag_values=flag_values)
     flags.DEFINE_string("seqio_module", "", "Module(s) to import first (comma-separated), e.g. "
-                        "one registering the seqio task named by --config.data.seqio_task.",
+                        "one registering the seqio task named by --config.data.seqio.task.",
                         flag_values=flag_values)
     flags.mark_flags_as_required(["config", "workdir"], flag_values=flag_values)
     return flag_values

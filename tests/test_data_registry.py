@@ -1,13 +1,15 @@
 """A data source is one module and one line in data/registry.py's SOURCES.
 
 This file is such a module: a toy counting source (token t of row r of batch i is
-(i + r + t) mod data.toy_period, shifted past the special ids), registered with one line
-(monkeypatched into SOURCES), its field added to the config by base_config, checked by
+(i + r + t) mod data.toy.period, shifted past the special ids), registered with one line
+(monkeypatched into SOURCES), its section added to the config by base_config, checked by
 validate_run_config and read or trained on through the normal config path.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from typing import Any
 
 import grain
@@ -21,14 +23,15 @@ from gated_attention.data import registry
 from gated_attention.data.inputs import Inputs
 
 # --------------------------------------------------------- the toy source (the whole module)
-FIELDS = dict(toy_period=7)  # tokens count up modulo this period
+SECTION = "toy"  # config.data.toy
+FIELDS = dict(period=7)  # tokens count up modulo this period
 OWN_VOCABULARY = True  # the counter's values are the token ids
 FIRST_ID = 3  # ids 0..2 are pad, bos, eos in every tokenizer of the package
 
 
 def check(config: Any, cfg: Any) -> None:
-    period = config.data.toy_period
-    require(2 <= period <= cfg.vocab_size - FIRST_ID, f"data.toy_period={period} must be in "
+    period = config.data.toy.period
+    require(2 <= period <= cfg.vocab_size - FIRST_ID, f"data.toy.period={period} must be in "
             f"2..model.vocab_size - {FIRST_ID} = {cfg.vocab_size - FIRST_ID}")
 
 
@@ -54,9 +57,9 @@ def build_inputs(config: Any, workdir: Any = None, *, process_index: int = 0,
                  process_count: int = 1) -> Inputs:
     data, train_section = config.data, config.train
     rows = train_section.batch_size // process_count
-    source = _Counting(int(data.toy_period), rows, int(data.seq_len), 2**62)
+    source = _Counting(int(data.toy.period), rows, int(data.seq_len), 2**62)
     iterator = iter(grain.MapDataset.source(source).to_iter_dataset())
-    evals = [_Counting(int(data.toy_period), rows, int(data.seq_len), 1)[0]
+    evals = [_Counting(int(data.toy.period), rows, int(data.seq_len), 1)[0]
              for _ in range(int(train_section.eval_batches))]
     return Inputs(iterator, evals, None, {"source": "toy_counting"})
 
@@ -80,9 +83,10 @@ def toy_config(**data):
 
 
 @pytest.mark.reference("independent")
-def test_a_registered_source_adds_its_field_and_its_batches(toy_source):
-    config = toy_config(toy_period=5)
-    assert "toy_period" in config.data  # base_config took the field from the module
+def test_a_registered_source_adds_its_section_and_its_batches(toy_source):
+    assert config_lib.base_config("tiny").data.toy.to_dict() == {"period": 7}  # its defaults
+    config = toy_config(toy=dict(period=5))
+    assert "toy_period" not in config.data  # flat aliases are the old sources' alone
     config_lib.validate_run_config(config)
     from gated_attention.data import build_inputs as package_build_inputs
 
@@ -96,9 +100,9 @@ def test_a_registered_source_adds_its_field_and_its_batches(toy_source):
 
 @pytest.mark.reference("error_message")
 def test_a_registered_source_checks_its_own_field(toy_source):
-    with pytest.raises(ConfigError, match=r"^data.toy_period=1 must be in 2..model.vocab_size "
+    with pytest.raises(ConfigError, match=r"^data.toy.period=1 must be in 2..model.vocab_size "
                                           r"- 3 = 61$"):
-        config_lib.validate_run_config(toy_config(toy_period=1))
+        config_lib.validate_run_config(toy_config(toy=dict(period=1)))
 
 
 @pytest.mark.reference("error_message")
@@ -111,11 +115,13 @@ def test_an_unregistered_source_names_the_registered_ones():
 
 
 @pytest.mark.reference("error_message")
-def test_two_sources_cannot_give_one_field_two_defaults(monkeypatch):
+@pytest.mark.parametrize("section", ["passkey", "paths"])
+def test_a_section_name_is_claimed_once(monkeypatch, section):
+    """A section named like another source's, or like a shared data-level field, is a bug."""
     monkeypatch.setitem(registry.SOURCES, "toy_counting", __name__)
-    monkeypatch.setitem(FIELDS, "paths", "elsewhere")  # data.paths is local_source's, ""
-    with pytest.raises(ValueError, match=r"data.paths has two defaults \('' and 'elsewhere'\)"):
-        registry.source_fields()
+    monkeypatch.setattr(sys.modules[__name__], "SECTION", section)
+    with pytest.raises(ValueError, match=rf"^data.{section} is claimed twice"):
+        config_lib.base_config("tiny")
 
 
 @pytest.mark.slow
@@ -125,4 +131,5 @@ def test_a_registered_source_trains_through_the_normal_path(toy_source, tmp_path
                         devices=jax.devices()[:1])
     assert summary["train"]["step"] == 3
     assert np.isfinite(summary["train"]["loss"])
-    assert (tmp_path / "run" / "config.json").read_text().count('"toy_period": 7') == 1
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["data"]["toy"] == {
+        "period": 7}

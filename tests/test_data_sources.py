@@ -45,7 +45,7 @@ def _config(root, *, tokenizer_kind="hf", source="tfds", vocab=384, **data):
     config.model.vocab_size = vocab
     path = str(root / ("spm.model" if tokenizer_kind == "sentencepiece" else "tokenizer.json"))
     config.data.update(dict(source=source, tokenizer=tokenizer_kind, tokenizer_path=path,
-                            tfds_name="ga_tiny_text", tfds_data_dir=str(root / "tfds"),
+                            tfds=dict(name="ga_tiny_text"), tfds_data_dir=str(root / "tfds"),
                             paths=str(root / "docs.jsonl"), seq_len=32,
                             cache_dir=str(root / "cache")))
     config.data.update(data)
@@ -176,12 +176,13 @@ def test_bad_sources_are_one_line_errors_naming_the_field(world, tmp_path):
     # Left empty, data.tokenizer_path means the shards' own tokenizer: accepted.
     _checked(_config(root, tokenizer_kind="sentencepiece", vocab=400, source="array_record",
                      paths=folder, tokenizer_path=""))
-    unknown = _config(root, tfds_name="no_such_dataset_here")
-    assert _error(unknown).startswith("data.tfds_name='no_such_dataset_here' is not found in "
+    unknown = _config(root, tfds=dict(name="no_such_dataset_here"))
+    assert _error(unknown).startswith("data.tfds.name='no_such_dataset_here' is not found in "
                                       f"data.tfds_data_dir='{root}/tfds'")
     elsewhere = _config(root, tfds_data_dir=str(tmp_path / "empty"))
     assert "is not prepared in data.tfds_data_dir=" in _error(elsewhere)
-    assert "not a split" in _error(_config(root, tfds_eval_split="test"))
+    assert _error(_config(root, tfds=dict(eval_split="test"))).startswith(
+        "data.tfds.eval_split='test' is not a split of 'ga_tiny_text'")
     assert "data.text_key='body'" in _error(_config(root, text_key="body"))
     assert "data.packing='concat' joins documents with EOS" in _error(
         _config(root, packing="concat", add_eos=False))

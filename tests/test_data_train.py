@@ -98,7 +98,7 @@ def test_a_run_on_a_tfds_dataset(shards):
     root = shards
     tiny_tfds_builder(texts(80), "GaTinyTrainText")(data_dir=str(root / "tfds")
                                                     ).download_and_prepare()
-    config = _config(root, source="tfds", tfds_name="ga_tiny_train_text",
+    config = _config(root, source="tfds", tfds=dict(name="ga_tiny_train_text"),
                      tfds_data_dir=str(root / "tfds"))
     config.train.update(dict(steps=4, checkpoint_every=0))
     summary = _run(config, root / "tfds_run")

@@ -49,7 +49,7 @@ def test_a_code_bug_inside_a_data_source_keeps_its_traceback(monkeypatch, tmp_pa
     from gated_attention.data import bigram_backcopy
 
     def summary(chain, data_config):  # a lookup of a field that does not exist: a bug
-        return {"alpha": data_config.backcopy_alpha}["backcopy_sead"]
+        return {"alpha": data_config.backcopy.alpha}["backcopy_sead"]
 
     monkeypatch.setattr(bigram_backcopy, "summary", summary)
     argv = [*ARGV[:2], f"--workdir={tmp_path / 'run'}", *ARGV[3:],

@@ -133,7 +133,7 @@ def passkey_run_config(**data):
 
 
 def test_passkey_source_serves_each_host_its_rows_of_the_global_batch():
-    config = passkey_run_config(passkey_digits=6)
+    config = passkey_run_config(passkey=dict(digits=6))
     both = [passkey.build_inputs(config, process_index=i, process_count=2) for i in range(2)]
     whole = passkey.packed_batch(TOKENIZER, 64, 4, 0, digits=6)
     for host, inputs in enumerate(both):
@@ -148,7 +148,7 @@ def test_passkey_source_serves_each_host_its_rows_of_the_global_batch():
 
 
 def test_a_passkey_run_trains_is_scored_at_length_and_bad_fields_are_named(tmp_path):
-    config = passkey_run_config(passkey_digits=6)
+    config = passkey_run_config(passkey=dict(digits=6))
     metrics = train.run(config, tmp_path / "run", progress=False, devices=jax.devices()[:1])
     # The held-out loss is the mean NLL over the key tokens of the held-out batch, recomputed
     # here in float64 numpy from the saved model's logits.
@@ -178,9 +178,9 @@ def test_a_passkey_run_trains_is_scored_at_length_and_bad_fields_are_named(tmp_p
     with pytest.raises(ValueError, match="has no held-out text: pass --ppl_rows=0"):
         evaluate_length.evaluate(tmp_path / "run", [64], tasks=["marked_passkey"], ppl_rows=2)
     bad = [(dict(tokenizer="sentencepiece"), "data.source='passkey' generates its text"),
-           (dict(passkey_digits=0), "data.passkey_digits=0 must be in 1..18")]
+           (dict(passkey=dict(digits=0)), "data.passkey.digits=0 must be in 1..18")]
     for fields, message in bad:
         with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
             config_lib.validate_run_config(passkey_run_config(**fields))
-    with pytest.raises(ValueError, match="data.passkey_min_tokens: min_tokens=5 must be in"):
-        passkey.build_inputs(passkey_run_config(passkey_min_tokens=5))
+    with pytest.raises(ValueError, match="data.passkey.min_tokens: min_tokens=5 must be in"):
+        passkey.build_inputs(passkey_run_config(passkey=dict(min_tokens=5)))

@@ -89,9 +89,9 @@ def test_a_users_task_module_is_imported_and_brings_its_vocabulary(texts_and_voc
     monkeypatch.syspath_prepend(str(tmp_path))
     config = config_lib.base_config("tiny", "baseline")
     config.model.vocab_size = 400
-    config.data.update(dict(source="seqio", seqio_task="ga_user_task", seq_len=32))
+    config.data.update(dict(source="seqio", seqio=dict(task="ga_user_task"), seq_len=32))
     config.train.update(dict(batch_size=2, eval_batches=1))
-    with pytest.raises(config_lib.ConfigError, match=r"^data.seqio_task='ga_user_task' is not "
+    with pytest.raises(config_lib.ConfigError, match=r"^data.seqio.task='ga_user_task' is not "
                        r"a registered seqio task or mixture; .* --seqio_module=that.module$"):
         config_lib.validate_run_config(config)
         registry.check_files(config)  # opens the task
@@ -137,7 +137,7 @@ def test_main_imports_the_seqio_module_before_validating(tmp_path):
         [sys.executable, "-m", "gated_attention.main", "--seqio_module=ga_no_such_tasks",
          "--config=configs/ablation.py:arch=tiny,variant=baseline",
          f"--workdir={tmp_path / 'run'}", "--config.data.source=seqio",
-         "--config.data.seqio_task=my_task"],
+         "--config.data.seqio.task=my_task"],
         capture_output=True, text=True, timeout=120,
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         env={**os.environ, "JAX_PLATFORMS": "cpu"})

@@ -77,9 +77,7 @@ def _config(**data):
     config.data.seq_len = 16
     config.train.batch_size = 8
     config.train.eval_batches = 2
-    for key, value in data.items():
-        config.data[key] = value
-    return config
+    return config_lib.apply_overrides(config, {f"data.{k}": v for k, v in data.items()})
 
 
 def test_batches_are_identical_after_resume_and_host_independent(tmp_path):
@@ -109,9 +107,9 @@ def test_batches_are_identical_after_resume_and_host_independent(tmp_path):
 
 
 @pytest.mark.parametrize("field,value,words", [
-    ("backcopy_triggers", 0, "data.backcopy_triggers=0 must be in 1..model.vocab_size"),
-    ("backcopy_triggers", 63, "data.backcopy_triggers=63 must be in 1..model.vocab_size"),
-    ("backcopy_alpha", 0.0, "data.backcopy_alpha=0.0 must be > 0"),
+    ("backcopy.triggers", 0, "data.backcopy.triggers=0 must be in 1..model.vocab_size"),
+    ("backcopy.triggers", 63, "data.backcopy.triggers=63 must be in 1..model.vocab_size"),
+    ("backcopy.alpha", 0.0, "data.backcopy.alpha=0.0 must be > 0"),
 ])
 def test_bad_task_settings_are_one_line_errors(field, value, words):
     with pytest.raises(config_lib.ConfigError, match=words.replace(".", r"\.")):

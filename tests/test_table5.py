@@ -109,7 +109,7 @@ def test_the_pass_key_grid_trains_and_scores_pass_keys(tmp_path):
     for run in continued:
         overrides = dict(run.overrides)
         assert (overrides["data.seq_len"], overrides["model.rope_base"]) == (1024, 1e6)
-        assert overrides["data.passkey_digits"] == 4
+        assert overrides["data.passkey.digits"] == 4
         _, eval_cmd = run_grid.commands(
             run, tmp_path / "grid", "tiny", {},
             analyze_template=table5.eval_command("tiny", table5_passkey.SETTINGS))

@@ -7,7 +7,7 @@ to add one):
   shipped with CPython, Python source, or .txt / .jsonl files named by config.data.paths).
 - "seqio" (seqio_source.py): a registered seqio Task (e.g. C4 through tfds, or a user's own
   task registered by a module named with --seqio_module); needs the `seqio` extra.
-- "tfds" (tfds_source.py): a prepared tensorflow-datasets dataset (data.tfds_name),
+- "tfds" (tfds_source.py): a prepared tensorflow-datasets dataset (data.tfds.name),
   tokenised on the fly.
 - "array_record" (array_record_source.py): shards written once by `python -m
   gated_attention.data.prepare` (data.paths = their folder), read with grain: the pod path.

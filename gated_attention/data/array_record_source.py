@@ -1,7 +1,8 @@
 """data.source=array_record: documents tokenised once by `python -m gated_attention.data.prepare`
 into ArrayRecord shards (grain's native format), read with grain.
 
-A shard folder (data.paths) holds `manifest.json`, the tokenizer file it was made with, and
+A shard folder (data.paths, a field shared with the `files` source: this source has no
+section of its own) holds `manifest.json`, the tokenizer file it was made with, and
 `<split>-NNNNN-of-MMMMM.array_record` shards whose records are the documents' int32 token ids
 (little-endian; EOS already appended when the manifest says add_eos). Training reads the
 training split's records in an order shuffled with data.shuffle_seed and reshuffled every
@@ -26,7 +27,6 @@ from gated_attention import paths
 from gated_attention.config_checks import ConfigError
 from gated_attention.data import streams
 
-FIELDS = dict(paths="")  # the folder of prepared shards (source=files: paths or globs)
 TOKENIZER_IN_DATA = True  # the folder holds the tokenizer it was made with
 MANIFEST = "manifest.json"
 FORMAT = "gated_attention.token_shards/v1"

@@ -7,7 +7,7 @@ chain's stationary distribution) are triggers: the token after a trigger copies 
 before it. An attention head is useful only at trigger positions and must do nothing
 elsewhere; a softmax head "does nothing" by parking its attention on BOS, which is the sink.
 
-Everything is drawn from seeds: the chain from `data.backcopy_seed`, the sequences from
+Everything is drawn from seeds: the chain from `data.backcopy.seed`, the sequences from
 `data.shuffle_seed` and the batch index, so batch i is the same whatever came before, and a
 grain iterator over batch indices resumes exactly (its state is the next index). Held-out
 batches come from a separate stream of the same chain.
@@ -74,7 +74,7 @@ class Chain:
 def make_chain(vocab_size: int, num_triggers: int, alpha: float, seed: int) -> Chain:
     """Dirichlet(alpha) rows over tokens 1..V-1; triggers = the most frequent tokens."""
     if vocab_size < num_triggers + 3:
-        raise ConfigError(f"model.vocab_size={vocab_size} must be >= data.backcopy_triggers + 3 "
+        raise ConfigError(f"model.vocab_size={vocab_size} must be >= data.backcopy.triggers + 3 "
                           f"= {num_triggers + 3} (BOS, the triggers, two other tokens)")
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xB16]))
     n = vocab_size - 1
@@ -95,26 +95,29 @@ def make_chain(vocab_size: int, num_triggers: int, alpha: float, seed: int) -> C
 
 
 def chain_from_config(data_config: Any, vocab_size: int) -> Chain:
-    return make_chain(vocab_size, int(data_config.backcopy_triggers),
-                      float(data_config.backcopy_alpha), int(data_config.backcopy_seed))
+    own = data_config.backcopy
+    return make_chain(vocab_size, int(own.triggers), float(own.alpha), int(own.seed))
 
 
 # The chain over model.vocab_size tokens (BOS = 0); sequences are drawn from data.shuffle_seed.
+SECTION = "backcopy"  # config.data.backcopy
 FIELDS = dict(
-    backcopy_triggers=3,  # how many of the most frequent tokens trigger a copy
-    backcopy_alpha=0.1,   # Dirichlet concentration of the chain's rows
-    backcopy_seed=0,      # seed of the chain itself
+    triggers=3,  # how many of the most frequent tokens trigger a copy
+    alpha=0.1,   # Dirichlet concentration of the chain's rows
+    seed=0,      # seed of the chain itself
 )
+FLAT_ALIASES = {"backcopy_triggers": "triggers", "backcopy_alpha": "alpha",
+                "backcopy_seed": "seed"}
 OWN_VOCABULARY = True  # the chain's states are the token ids: no tokenizer
 
 
 def check(config: Any, cfg: Any) -> None:
-    data = config.data
-    require(1 <= data.backcopy_triggers <= cfg.vocab_size - 3,
-            f"data.backcopy_triggers={data.backcopy_triggers} must be in 1..model.vocab_size - 3"
+    own = config.data.backcopy
+    require(1 <= own.triggers <= cfg.vocab_size - 3,
+            f"data.backcopy.triggers={own.triggers} must be in 1..model.vocab_size - 3"
             f" = {cfg.vocab_size - 3} (BOS and two other tokens stay non-triggers)")
-    require(data.backcopy_alpha > 0,
-            f"data.backcopy_alpha={data.backcopy_alpha} must be > 0 (Dirichlet concentration)")
+    require(own.alpha > 0,
+            f"data.backcopy.alpha={own.alpha} must be > 0 (Dirichlet concentration)")
 
 
 def sample_sequences(chain: Chain, rows: int, length: int, rng: np.random.Generator
@@ -200,7 +203,7 @@ def summary(chain: Chain, data_config: Any) -> dict[str, Any]:
         "source": "bigram_backcopy", "vocab_size": chain.vocab_size, "bos_id": BOS_ID,
         "triggers": chain.triggers.tolist(),
         "trigger_frequency": float(pi[chain.triggers].sum()),
-        "alpha": float(data_config.backcopy_alpha), "chain_seed": int(data_config.backcopy_seed),
+        "alpha": float(data_config.backcopy.alpha), "chain_seed": int(data_config.backcopy.seed),
         "bigram_entropy_nats": float(pi @ chain.row_entropy),
         "seq_len": int(data_config.seq_len),
     }

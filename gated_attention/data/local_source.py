@@ -2,7 +2,8 @@
 
 - "cpython_docs": English shipped with CPython (pydoc topics + stdlib docstrings); no download.
 - "python_source": Python source of the stdlib and installed packages; larger, still local.
-- "files": .txt / .jsonl files named by data.paths.
+- "files": .txt / .jsonl files named by data.paths (.jsonl text in field data.text_key; both
+  fields are shared with other sources, so they sit in config.data, not in a section).
 A SentencePiece tokenizer is trained on the training split unless data.tokenizer_path names
 one (pipeline.py); data.eval_fraction of the documents is held out.
 """
@@ -15,12 +16,6 @@ from typing import Any
 
 from gated_attention.config_checks import require
 from gated_attention.data.inputs import Inputs
-
-FIELDS = dict(
-    paths="",         # source=files: comma-separated paths or globs (.txt/.jsonl);
-                      # source=array_record: the folder of prepared shards
-    text_key="text",  # source=files: the text field of .jsonl records; tfds: the text feature
-)
 
 
 def _parts(paths: str) -> list[str]:

@@ -37,11 +37,14 @@ ENDLESS = 2**62  # a training stream has no end: the run's steps decide
 EVAL_STREAM = 1  # held-out batches: SeedSequence([seed, EVAL_STREAM, i]), never a training key
 READ_OPTIONS = grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)
 # Rows packed with marked pass keys ("#<key>." in filler, then " #" and the key).
+SECTION = "passkey"  # config.data.passkey
 FIELDS = dict(
-    passkey_digits=10,         # digits of each key
-    passkey_min_tokens=24,     # shortest example (at least what "#<key>. #<key>" takes)
-    passkey_answer_only=True,  # the loss on the answer keys only (else on every token)
+    digits=10,         # digits of each key
+    min_tokens=24,     # shortest example (at least what "#<key>. #<key>" takes)
+    answer_only=True,  # the loss on the answer keys only (else on every token)
 )
+FLAT_ALIASES = {"passkey_digits": "digits", "passkey_min_tokens": "min_tokens",
+                "passkey_answer_only": "answer_only"}
 
 
 def check(config: Any, cfg: Any) -> None:
@@ -49,10 +52,9 @@ def check(config: Any, cfg: Any) -> None:
     require(data.tokenizer == "byte" or bool(data.tokenizer_path), "data.source='passkey' "
             "generates its text: it needs data.tokenizer='byte' or a data.tokenizer_path "
             "(nothing to train a tokenizer on)")
-    require(1 <= data.passkey_digits <= 18,
-            f"data.passkey_digits={data.passkey_digits} must be in 1..18")
-    require(data.passkey_min_tokens >= 1,
-            f"data.passkey_min_tokens={data.passkey_min_tokens} must be >= 1")
+    own = data.passkey
+    require(1 <= own.digits <= 18, f"data.passkey.digits={own.digits} must be in 1..18")
+    require(own.min_tokens >= 1, f"data.passkey.min_tokens={own.min_tokens} must be >= 1")
 
 
 def packed_batch(tokenizer: Any, seq_len: int, batch_size: int, index: int, *, seed: int = 0,
@@ -100,9 +102,10 @@ class PasskeySource:
         self.rows = host_rows(global_batch, process_index, process_count)
         self.tokenizer, self.global_batch, self.stream, self.length = (
             tokenizer, global_batch, stream, length)
-        self.options = dict(seed=int(data.shuffle_seed), digits=int(data.passkey_digits),
-                            min_tokens=int(data.passkey_min_tokens),
-                            answer_only=bool(data.passkey_answer_only), add_bos=bool(data.add_bos))
+        own = data.passkey
+        self.options = dict(seed=int(data.shuffle_seed), digits=int(own.digits),
+                            min_tokens=int(own.min_tokens), answer_only=bool(own.answer_only),
+                            add_bos=bool(data.add_bos))
         self.seq_len = int(data.seq_len)
 
     def __len__(self) -> int:
@@ -125,14 +128,14 @@ def build_inputs(config: Any, workdir: str | os.PathLike[str] | None = None, *,
                                      length=ENDLESS, **hosts)
         train_source[0]  # the smallest example fits, before anything is compiled
     except ValueError as err:
-        raise ConfigError(f"data.passkey_min_tokens: {err}") from None
+        raise ConfigError(f"data.passkey.min_tokens: {err}") from None
     iterator = iter(grain.MapDataset.source(train_source).to_iter_dataset(READ_OPTIONS))
     held_out = PasskeySource(tokenizer, data, train.batch_size, stream=EVAL_STREAM,
                              length=int(train.eval_batches), **hosts)
     evals = [held_out[i] for i in range(len(held_out))]
     info = {"source": "passkey", "seq_len": int(data.seq_len),
-            "digits": int(data.passkey_digits), "min_tokens": int(data.passkey_min_tokens),
-            "answer_only": bool(data.passkey_answer_only), "seed": int(data.shuffle_seed)}
+            "digits": int(data.passkey.digits), "min_tokens": int(data.passkey.min_tokens),
+            "answer_only": bool(data.passkey.answer_only), "seed": int(data.shuffle_seed)}
     if workdir is not None and process_index == 0:
         paths.write_atomic(paths.resolve(workdir) / "data_summary.json",
                            json.dumps(info, indent=2) + "\n")

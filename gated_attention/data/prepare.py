@@ -2,7 +2,7 @@
 
     python -m gated_attention.data.prepare \
         --config=configs/ablation.py:arch=dense_1p7b_28l,variant=baseline \
-        --config.data.source=tfds --config.data.tfds_name=c4/en:3.1.0 \
+        --config.data.source=tfds --config.data.tfds.name=c4/en:3.1.0 \
         --config.data.tfds_data_dir=/mnt/bucket/tfds \
         --config.data.tokenizer=hf --config.data.tokenizer_path=/mnt/bucket/qwen/tokenizer.json \
         --out=/mnt/bucket/c4_qwen --num_shards=64
@@ -87,12 +87,12 @@ def _tfds_splits(config: Any) -> tuple[Any, dict[str, Iterator[str]], dict[str, 
                                        repeat=False):
             yield from block
 
-    source = {"kind": "tfds", "name": data.tfds_name, "version": str(builder.info.version),
-              "splits": [data.tfds_train_split, data.tfds_eval_split],
+    train, held_out = data.tfds.train_split, data.tfds.eval_split
+    source = {"kind": "tfds", "name": data.tfds.name, "version": str(builder.info.version),
+              "splits": [train, held_out],
               "documents": {s: int(builder.info.splits[s].num_examples)
-                            for s in (data.tfds_train_split, data.tfds_eval_split)}}
-    return tok, {shards.TRAIN: texts(data.tfds_train_split),
-                 shards.HELD_OUT: texts(data.tfds_eval_split)}, source
+                            for s in (train, held_out)}}
+    return tok, {shards.TRAIN: texts(train), shards.HELD_OUT: texts(held_out)}, source
 
 
 def _encode(tokenizer: Any, texts: Iterator[str], add_eos: bool) -> Iterator[np.ndarray]:
@@ -121,9 +121,9 @@ def token_splits(config: Any) -> tuple[Any, dict[str, Iterator[np.ndarray]], dic
         docs = {name: seqio_source.document_stream(task, split, shuffle=False, seed=0,
                                                    repeat=False)
                 for name, split in ((shards.TRAIN, "train"),
-                                    (shards.HELD_OUT, data.seqio_eval_split))}
+                                    (shards.HELD_OUT, data.seqio.eval_split))}
         return tok, docs, {"kind": "seqio", "task": task,
-                           "splits": ["train", data.seqio_eval_split]}
+                           "splits": ["train", data.seqio.eval_split]}
     if data.source == "tfds":
         tok, texts, source = _tfds_splits(config)
     elif data.source == "array_record":

@@ -1,10 +1,14 @@
 """The data sources of a run (config.data.source), one module each, behind one table.
 
 A source module holds everything about its source:
-- `FIELDS`: the `config.data` fields it owns, with their defaults (base_config adds them to
-  the data section; a field two sources share, e.g. data.paths, has one default);
+- `SECTION` and `FIELDS`: the name of its own section of `config.data` and that section's
+  fields with their defaults (base_config adds `config.data.<SECTION>`, so a field is set as
+  `--config.data.passkey.digits=4`); a source with no settings of its own has neither;
+- `FLAT_ALIASES` (optional): `config.data` names of its fields from before sections
+  (`seqio_task` for `seqio.task`), kept working as aliases (below);
 - `check(config, cfg)` (optional): its fields, checked without reading a file, raising
-  ConfigError naming the field and what is allowed (cfg is the run's ModelConfig);
+  ConfigError naming the field as the user writes it and what is allowed (cfg is the run's
+  ModelConfig);
 - `check_files(config)` (optional): what it reads (datasets, shards, paths) exists and fits;
   its `build_inputs` calls it before opening them, and run_checks before a run starts;
 - `build_inputs(config, workdir, *, process_index, process_count)`: the run's `Inputs`;
@@ -13,15 +17,32 @@ A source module holds everything about its source:
   may stay empty).
 
 Adding a source is writing that module and one line in SOURCES. The fields every source
-shares (seq_len, the tokenizer, packing, ...) are checked here, by `check_section`.
+shares (seq_len, the tokenizer, packing, ...) are config_lib's and are checked here, by
+`check_section`. Three fields are read by several sources and so stay at the data level
+(SHARED_FIELDS) rather than in one source's section: `paths` (the `files` source's paths
+and globs, the `array_record` shard folder, and what `data.prepare` reads or writes),
+`text_key` (the `files` source's .jsonl field and the `tfds` source's text feature) and
+`tfds_data_dir` (where `tfds` finds its prepared dataset and where the `seqio` C4 task reads
+tfds data). Each has one meaning whichever source reads it, so one field, not one per source.
+
+Flat aliases: before sections, each source's fields sat in `config.data` with a prefix
+(`data.seqio_task`, `data.backcopy_alpha`, ...). Those names still work on the command line,
+in configs, grids and saved runs: `data.seqio_task` is one ml_collections FieldReference
+with `data.seqio.task`, so setting either spelling sets both, and config.json (written with
+`to_json_best_effort`) carries both. A run saved before sections has the flat names only;
+`with_sections` (config_lib.saved_config) rebuilds its sections from them, and
+`nested_names` lets the workdir see such a run as the same config.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
+
+import ml_collections
 
 from gated_attention.config_checks import ConfigError, choice, require
 from gated_attention.data.inputs import Inputs
@@ -38,6 +59,14 @@ SOURCES: dict[str, str] = {
     "bigram_backcopy": "gated_attention.data.bigram_backcopy",
     "passkey": "gated_attention.data.passkey",
 }
+# Data-level fields read by several sources (see above), with their one default each.
+SHARED_FIELDS: dict[str, Any] = dict(
+    paths="",          # files: comma-separated paths or globs (.txt / .jsonl);
+                       # array_record: the folder of prepared shards
+    text_key="text",   # files: the text field of .jsonl records; tfds: the text feature
+    tfds_data_dir="",  # a prepared tfds data_dir (local, gs://): tfds reads its dataset
+                       # there, the seqio C4 task its tfds data
+)
 TOKENIZERS = ("sentencepiece", "byte", "hf")
 SENTENCEPIECE_MODELS = ("unigram", "bpe")
 
@@ -48,16 +77,70 @@ def source_module(name: str) -> ModuleType:
     return importlib.import_module(SOURCES[name])
 
 
-def source_fields() -> dict[str, Any]:
-    """Every source's own data fields with their defaults, in the order of SOURCES."""
-    fields: dict[str, Any] = {}
+def sections() -> dict[str, ModuleType]:
+    """Each source's section name -> its module, in the order of SOURCES (several source names
+    may share one module, hence one section). A name two modules claim, or one that is also a
+    data-level field, is a bug in the sources and raises ValueError."""
+    out: dict[str, ModuleType] = {}
+    aliases: set[str] = set()
     for name in SOURCES:
-        for field, default in getattr(source_module(name), "FIELDS", {}).items():
-            if field in fields and fields[field] != default:
-                raise ValueError(f"data.{field} has two defaults ({fields[field]!r} and "
-                                 f"{default!r}); sources that share a field share its default")
-            fields[field] = default
-    return fields
+        module = source_module(name)
+        section = getattr(module, "SECTION", None)
+        if section is None or out.get(section) is module:
+            continue
+        if section in out or section in SHARED_FIELDS:
+            raise ValueError(f"data.{section} is claimed twice ({module.__name__} and "
+                             f"{getattr(out.get(section), '__name__', 'SHARED_FIELDS')})")
+        flat = getattr(module, "FLAT_ALIASES", {})
+        if set(flat) & (aliases | set(SHARED_FIELDS)) or not set(flat.values()) <= set(
+                module.FIELDS):
+            raise ValueError(f"{module.__name__}.FLAT_ALIASES must name its own FIELDS, under "
+                             "names no other source or shared field uses")
+        aliases |= set(flat)
+        out[section] = module
+    return out
+
+
+def nested_names() -> dict[str, str]:
+    """Each flat alias's nested name, both in full: {"data.seqio_task": "data.seqio.task"}."""
+    return {f"data.{alias}": f"data.{section}.{field}"
+            for section, module in sections().items()
+            for alias, field in getattr(module, "FLAT_ALIASES", {}).items()}
+
+
+def with_sections(data: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """`data` (data-level fields; or a saved run's data section, with its sources' fields under
+    the nested names, the flat ones, or both) as a data section: each source's section, its
+    defaults under the values `data` gives, and each flat alias one FieldReference with its
+    nested field. Two spellings of one field that disagree raise ConfigError."""
+    fields = dict(data)
+    values: dict[str, dict[str, Any]] = {}
+    for section, module in sections().items():
+        given = dict(fields.pop(section, None) or {})
+        for alias, field in getattr(module, "FLAT_ALIASES", {}).items():
+            if alias not in fields:
+                continue
+            old = fields.pop(alias)
+            if given.get(field, old) != old:
+                raise ConfigError(f"data.{section}.{field}={given[field]!r} and its old "
+                                  f"spelling data.{alias}={old!r} disagree; keep one")
+            given[field] = old
+        values[section] = {**module.FIELDS, **given}
+    out = ml_collections.ConfigDict(fields)
+    for section, module in sections().items():
+        out[section] = ml_collections.ConfigDict(values[section])
+        for alias, field in getattr(module, "FLAT_ALIASES", {}).items():
+            out[alias] = out[section].get_ref(field)
+    return out
+
+
+def _old_spelling(message: str) -> str:
+    """`message` with the flat name of the first nested field it names, for a user who wrote
+    the old spelling."""
+    for flat, nested in nested_names().items():
+        if f"{nested}=" in message or f"{nested} " in message:
+            return f"{message} ({flat} is its old spelling)"
+    return message
 
 
 def check_section(config: Any, cfg: Any) -> None:
@@ -92,7 +175,10 @@ def check_section(config: Any, cfg: Any) -> None:
     require(is_local(data.cache_dir), f"data.cache_dir={data.cache_dir!r} must be a local "
             "folder (each host's own cache); the workdir and data.paths may be in a bucket")
     if hasattr(module, "check"):
-        module.check(config, cfg)
+        try:
+            module.check(config, cfg)
+        except ConfigError as err:
+            raise type(err)(_old_spelling(str(err))) from None
 
 
 def check_files(config: Any) -> None:

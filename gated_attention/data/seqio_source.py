@@ -9,7 +9,7 @@ format, so both sources yield identical batches from identical token streams.
     --config.data.source=seqio --config.data.tokenizer_path=/path/to/spm.model
 
 A user's own task: register it in a module and name both on the command line
-(`--seqio_module=my_pkg.tasks --config.data.source=seqio --config.data.seqio_task=my_task`);
+(`--seqio_module=my_pkg.tasks --config.data.source=seqio --config.data.seqio.task=my_task`);
 its SentencePiece vocabulary is the run's tokenizer unless data.tokenizer_path names one.
 
 Resuming: the iterator state counts the documents consumed (streams.DocumentStream);
@@ -30,26 +30,27 @@ from gated_attention.config_checks import ConfigError, require
 from gated_attention.data import streams
 
 C4_TASK = "c4_en_gated_attention"
+SECTION = "seqio"  # config.data.seqio; the C4 task reads data.tfds_data_dir (shared)
 FIELDS = dict(
-    seqio_task="",                  # a registered task ("" = the C4 task)
-    seqio_eval_split="validation",
-    tfds_data_dir="",               # a prepared tfds data_dir (local, gs://) the task reads
+    task="",                  # a registered task or mixture ("" = the C4 task)
+    eval_split="validation",  # the task's split held out
 )
+FLAT_ALIASES = {"seqio_task": "task", "seqio_eval_split": "eval_split"}
 OWN_VOCABULARY = True  # the task's SentencePiece vocabulary gives the token ids
 
 
 def check(config: Any, cfg: Any) -> None:
     data = config.data
-    require(bool(data.tokenizer_path or data.seqio_task), "data.source='seqio' needs "
+    require(bool(data.tokenizer_path or data.seqio.task), "data.source='seqio' needs "
             "data.tokenizer_path (a SentencePiece .model file with model.vocab_size pieces) or "
-            "data.seqio_task (a registered task, which brings its vocabulary)")
+            "data.seqio.task (a registered task, which brings its vocabulary)")
     require(data.tokenizer == "sentencepiece", "data.source='seqio' reads a SentencePiece "
             f"vocabulary; data.tokenizer must be 'sentencepiece', not {data.tokenizer!r}")
 
 
 def check_files(config: Any) -> None:
     """The registered task and its vocabulary can be opened."""
-    if config.data.seqio_task:
+    if config.data.seqio.task:
         task_and_tokenizer(config, None)
 
 
@@ -148,29 +149,29 @@ def batches(task: str, split: str, data_config: Any, batch_size: int, bos_id: in
 
 
 class SeqioTaskError(ConfigError):
-    """data.seqio_task is not registered, or its vocabulary is not a SentencePiece model."""
+    """data.seqio.task is not registered, or its vocabulary is not a SentencePiece model."""
 
 
 def task_and_tokenizer(config: Any, workdir: Any) -> tuple[str, Any]:
-    """(task name, tokenizer): data.seqio_task with its own vocabulary (unless
+    """(task name, tokenizer): data.seqio.task with its own vocabulary (unless
     data.tokenizer_path names one), else the C4 task over data.tokenizer_path."""
     from gated_attention.data.tokenizer import get_tokenizer
 
     data = config.data
     model_path = data.tokenizer_path
-    if data.seqio_task:
+    if data.seqio.task:
         seqio = _seqio()
-        if data.seqio_task not in seqio.TaskRegistry.names() | seqio.MixtureRegistry.names():
-            raise SeqioTaskError(f"data.seqio_task={data.seqio_task!r} is not a registered "
+        if data.seqio.task not in seqio.TaskRegistry.names() | seqio.MixtureRegistry.names():
+            raise SeqioTaskError(f"data.seqio.task={data.seqio.task!r} is not a registered "
                                  "seqio task or mixture; register it in a module and pass "
                                  "--seqio_module=that.module")
-        task = data.seqio_task
+        task = data.seqio.task
         if not model_path:
             vocabulary = seqio.get_mixture_or_task(task).output_features["targets"].vocabulary
             model_path = getattr(vocabulary, "sentencepiece_model_file", "")
             if not model_path:
                 raise SeqioTaskError(
-                    f"data.seqio_task={task!r} has a {type(vocabulary).__name__} vocabulary; "
+                    f"data.seqio.task={task!r} has a {type(vocabulary).__name__} vocabulary; "
                     "only SentencePiece vocabularies are read (or set data.tokenizer_path)")
     else:
         task = register_c4_task(model_path, add_eos=data.add_eos,
@@ -198,7 +199,7 @@ def estimate_tokens(task: str, split: str, sample: int = 256) -> int | None:
 
 
 def build_inputs(config: Any, workdir: Any, *, process_index: int, process_count: int):
-    """Inputs for data.source='seqio' (the C4 task unless data.seqio_task names another)."""
+    """Inputs for data.source='seqio' (the C4 task unless data.seqio.task names another)."""
     import json
 
     from gated_attention import paths
@@ -212,7 +213,7 @@ def build_inputs(config: Any, workdir: Any, *, process_index: int, process_count
     train_iter = iter(batches(task, "train", data, local_batch, tokenizer.bos_id, shuffle=True,
                               seed=data.shuffle_seed, repeat=True, **shard))
     evals = streams.first_batches(
-        batches(task, data.seqio_eval_split, data, local_batch, tokenizer.bos_id,
+        batches(task, data.seqio.eval_split, data, local_batch, tokenizer.bos_id,
                 shuffle=False, seed=0, repeat=False, for_eval=True, **shard), train.eval_batches)
     summary = {"source": "seqio", "task": task,
                "train": {"tokens_estimated": estimate_tokens(task, "train")}, "tokenizer": {

@@ -25,13 +25,15 @@ ENCODE_BLOCK = 256  # documents tokenised per call (the tokenizers batch interna
 SHUFFLE_BUFFER = 10_000  # documents
 
 
+SECTION = "tfds"  # config.data.tfds; where it is prepared, and the text feature, are the
+                  # shared data.tfds_data_dir and data.text_key
 FIELDS = dict(
-    tfds_data_dir="",            # a prepared tfds data_dir (local, gs://); seqio reads it too
-    tfds_name="",                # e.g. "c4/en:3.1.0" (prepared, never downloaded)
-    tfds_train_split="train",    # split names (tfds slicing allowed)
-    tfds_eval_split="validation",
-    text_key="text",             # the text feature (source=files: the .jsonl text field)
+    name="",                  # e.g. "c4/en:3.1.0" (prepared, never downloaded)
+    train_split="train",      # split names (tfds slicing allowed)
+    eval_split="validation",
 )
+FLAT_ALIASES = {"tfds_name": "name", "tfds_train_split": "train_split",
+                "tfds_eval_split": "eval_split"}
 
 
 class TfdsSourceError(ConfigError):
@@ -60,19 +62,20 @@ def _tfds():
 def open_builder(data_config: Any) -> Any:
     """The dataset's builder, prepared in data.tfds_data_dir (never downloads)."""
     tfds = _tfds()
-    name, data_dir = data_config.tfds_name, data_config.tfds_data_dir or None
+    name, data_dir = data_config.tfds.name, data_config.tfds_data_dir or None
     where = f"data.tfds_data_dir={data_config.tfds_data_dir!r}" if data_dir else \
         "the default tfds data dir (~/tensorflow_datasets; set data.tfds_data_dir)"
     if not name:
-        raise TfdsSourceError("data.source='tfds' needs data.tfds_name (e.g. 'c4/en:3.1.0')")
+        raise TfdsSourceError("data.source='tfds' needs data.tfds.name (e.g. 'c4/en:3.1.0'; "
+                              "data.tfds_name is its old spelling)")
     try:
         builder = tfds.builder(name, data_dir=data_dir)
     except Exception as err:  # noqa: BLE001 - tfds raises several kinds for a missing dataset
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise TfdsSourceError(f"data.tfds_name={name!r} is not found in {where}: {first}"
+        raise TfdsSourceError(f"data.tfds.name={name!r} is not found in {where}: {first}"
                               ) from None
     if not builder.is_prepared():
-        raise TfdsSourceError(f"data.tfds_name={name!r} is not prepared in {where}; prepare it "
+        raise TfdsSourceError(f"data.tfds.name={name!r} is not prepared in {where}; prepare it "
                               "first (e.g. `tfds build` with --data_dir), nothing is downloaded "
                               "at training time")
     return builder
@@ -84,17 +87,17 @@ def check_dataset(data_config: Any) -> dict[str, int]:
     builder = open_builder(data_config)
     splits = builder.info.splits
     counts = {}
-    for field in ("tfds_train_split", "tfds_eval_split"):
-        split = data_config[field]
+    for field in ("train_split", "eval_split"):
+        split = data_config.tfds[field]
         base = split.split("[")[0]
         if base not in splits:
-            raise TfdsSourceError(f"data.{field}={split!r} is not a split of "
-                                  f"{data_config.tfds_name!r}; splits: {', '.join(splits)}")
+            raise TfdsSourceError(f"data.tfds.{field}={split!r} is not a split of "
+                                  f"{data_config.tfds.name!r}; splits: {', '.join(splits)}")
         counts[split] = int(splits[split].num_examples)
     features = builder.info.features
     if data_config.text_key not in features:
         raise TfdsSourceError(f"data.text_key={data_config.text_key!r} is not a feature of "
-                              f"{data_config.tfds_name!r}; features: {', '.join(features)}")
+                              f"{data_config.tfds.name!r}; features: {', '.join(features)}")
     return counts
 
 
@@ -188,26 +191,27 @@ def build_inputs(config: Any, workdir: Any, *, process_index: int, process_count
     tokenizer = stream_tokenizer(config, workdir)
     local_batch = per_host_batch(train.batch_size, process_count)
     host = dict(process_index=process_index, process_count=process_count)
-    train_docs = document_stream(builder, data.tfds_train_split, data, tokenizer, shuffle=True,
+    section = data.tfds
+    train_docs = document_stream(builder, section.train_split, data, tokenizer, shuffle=True,
                                  seed=data.shuffle_seed, repeat=True, **host)
     train_iter = iter(streams.batches(train_docs, data, local_batch, tokenizer.bos_id,
                                       seed=data.shuffle_seed, shuffle_bins=True))
-    eval_docs = document_stream(builder, data.tfds_eval_split, data, tokenizer, shuffle=False,
+    eval_docs = document_stream(builder, section.eval_split, data, tokenizer, shuffle=False,
                                 seed=0, repeat=False, **host)
     evals = streams.first_batches(streams.batches(eval_docs, data, local_batch,
                                                   tokenizer.bos_id, seed=0, shuffle_bins=False,
                                                   for_eval=True), train.eval_batches)
     if train.eval_batches and not evals:
-        raise TfdsSourceError(f"data.tfds_eval_split={data.tfds_eval_split!r} is too small for "
+        raise TfdsSourceError(f"data.tfds.eval_split={section.eval_split!r} is too small for "
                               f"one batch of {train.batch_size} x {data.seq_len}")
-    summary = {"source": "tfds", "tfds_name": data.tfds_name,
-               "train": {"split": data.tfds_train_split,
-                         "documents": counts[data.tfds_train_split],
+    summary = {"source": "tfds", "tfds_name": section.name,
+               "train": {"split": section.train_split,
+                         "documents": counts[section.train_split],
                          "tokens_estimated": estimate_tokens(
-                             builder, data.tfds_train_split, data, tokenizer,
-                             counts[data.tfds_train_split])},
-               "held_out": {"split": data.tfds_eval_split,
-                            "documents": counts[data.tfds_eval_split]},
+                             builder, section.train_split, data, tokenizer,
+                             counts[section.train_split])},
+               "held_out": {"split": section.eval_split,
+                            "documents": counts[section.eval_split]},
                "tokenizer": tokenizer_summary(data, tokenizer)}
     if workdir is not None:
         paths.write_atomic(paths.resolve(workdir) / "data_summary.json",
