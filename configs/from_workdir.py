@@ -10,7 +10,7 @@ new run begins from its latest checkpoint's parameters at step 0.
 import json
 import pathlib
 
-import ml_collections
+from gated_attention import config_lib
 
 
 def get_config(arg: str | None = None):
@@ -20,6 +20,7 @@ def get_config(arg: str | None = None):
     path = pathlib.Path(arg) / "config.json"
     if not path.exists():
         raise ValueError(f"{path} not found: configs/from_workdir.py:{arg} needs a run workdir")
-    config = ml_collections.ConfigDict(json.loads(path.read_text()))
+    # saved_config: a run saved before data sections (flat names only) gets them back
+    config = config_lib.saved_config(json.loads(path.read_text()))
     config.train.init_from = str(pathlib.Path(arg).resolve())
     return config

@@ -729,12 +729,11 @@ def run(config: Any, workdir: str | os.PathLike[str], *, overwrite: bool = False
 
 def load_params(workdir: str | os.PathLike[str], config: Any | None = None,
                 step: int | None = None) -> tuple[Transformer, Any]:
-    """The trained model of a run (on the default device), and its config."""
-    import ml_collections
-
+    """The trained model of a run (on the default device), and its config (its config.json,
+    in today's layout: config_lib.saved_config)."""
     workdir = paths.resolve(workdir)
     if config is None:
-        config = ml_collections.ConfigDict(
+        config = config_lib.saved_config(
             json.loads((workdir / workdir_lib.CONFIG_FILE).read_text()))
     mesh = sharding.create_mesh({"data": 1}, devices=jax.devices()[:1])
     spec = train_state_spec(config, mesh)

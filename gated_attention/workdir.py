@@ -54,8 +54,21 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: tree}
 
 
+def _flat_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The config's fields by dotted name, each data source's field under its nested name
+    only: its flat name is an alias (data/registry.py), and a run saved before data sections
+    has only that one, yet is the same config as today's."""
+    from gated_attention.data import registry
+
+    flat = _flatten(config)
+    for old, new in registry.nested_names().items():
+        if old in flat:
+            flat.setdefault(new, flat.pop(old))
+    return flat
+
+
 def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    a, b = _flatten(old), _flatten(new)
+    a, b = _flat_config(old), _flat_config(new)
     return [f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
             for k in sorted(set(a) | set(b)) if a.get(k, "<absent>") != b.get(k, "<absent>")]
 
@@ -180,7 +193,7 @@ def _inspect(root: epath.Path, wanted: dict[str, Any]) -> tuple[str, str]:
         differences = [d for d in differences if not d.startswith("variant:")]
     if not differences:
         return "resume", ""
-    a, b = _flatten(saved), _flatten(wanted)
+    a, b = _flat_config(saved), _flat_config(wanted)
     if _steps_only_grow({k: (a.get(k), b.get(k)) for k in set(a) | set(b)
                          if a.get(k, "<absent>") != b.get(k, "<absent>")}):
         return "extend", ""
