@@ -7,7 +7,7 @@ and gated_attention.variants.VARIANTS.
 
 What a grid seed means (`SEED_OVERRIDES`): seed s sets the initial weights (`seed`, drawn per
 parameter name: train.init_by_name) and the data (`data.shuffle_seed`: the order of a corpus's
-chunks, the generated stream of a synthetic task; the task's own chain, data.backcopy_seed,
+chunks, the generated stream of a synthetic task; the task's own chain, data.backcopy.seed,
 stays fixed). Runs of different variants with one seed therefore see the same batches in the
 same order and start from the same weights wherever a weight has the same name and shape:
 seeds pair the rows of a grid. `--set data.shuffle_seed=0` keeps the data fixed across seeds
@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gated_attention.config_lib import ARCHS
+from gated_attention.data import registry as data_registry
 from gated_attention.errors import UserError
 from gated_attention.variants import VARIANTS
 
@@ -79,10 +80,13 @@ def scaled_arch(paper_arch: str, scale: str) -> str:
 SHORT_KEYS = {"optimizer.peak_lr": "lr", "lr_multiplier": "lrx",
               "model.narrow_ffn_to_match_baseline": "narrowffn",
               "data.add_bos": "bos", "train.steps": "steps"}
+# A data source's field is named by its flat spelling (data.passkey.digits: passkey_digits,
+# as data.passkey_digits was), so a grid's runs keep their directories under either spelling.
+FLAT_NAMES = {new: old for old, new in data_registry.nested_names().items()}
 
 
 def _name_part(key: str, value: Any) -> str:
-    short = SHORT_KEYS.get(key, key.split(".")[-1])
+    short = SHORT_KEYS.get(key, FLAT_NAMES.get(key, key).split(".")[-1])
     if isinstance(value, bool):
         return short if value else f"no{short}"
     text = f"{value:g}" if isinstance(value, float) else str(value)

@@ -21,7 +21,7 @@ ARCH = "passkey_tiny"
 SETTINGS = dict(
     short=(256, 600), long=(1024, 150, 4), lengths=(256, 512, 1024, 2048, 4096),
     yarn_factor=4.0, examples=32,
-    model=(("data.passkey_digits", 4), ("optimizer.peak_lr", 1e-2),
+    model=(("data.passkey.digits", 4), ("optimizer.peak_lr", 1e-2),
            ("optimizer.final_lr", 1e-2)),
     # pass keys only: a passkey run has no held-out text to take a perplexity on
     eval_flags="--tasks=marked_passkey --ppl_rows=0",
