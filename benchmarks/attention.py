@@ -34,7 +34,6 @@ float32 matmuls may use TF32, so about 1e-3 is expected there (1e-6 interpreted 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
@@ -48,8 +47,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import flags
 
-from gated_attention import ops
+from gated_attention import cli_flags, ops
 from gated_attention.ops import reference, testing
 from gated_attention.ops._flash_common import attention_flops
 from gated_attention.ops.block_sizes import device_kind_key
@@ -482,18 +482,25 @@ def check_packed_cudnn(small: bool, platform: str) -> bool:
     return all_ok
 
 
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    """The script's flags, on `flag_values` (importing the module defines none)."""
+    flags.DEFINE_bool("small", False, "Tiny shapes, kernels in interpret mode (runs on a CPU).",
+                      flag_values=flag_values)
+    flags.DEFINE_integer("warmup", None, "Warm-up calls (default: 1 with --small, else 3).",
+                         flag_values=flag_values)
+    flags.DEFINE_integer("iters", None, "Timed calls (default: 2 with --small, else 10).",
+                         flag_values=flag_values)
+    flags.DEFINE_string("block_sizes", None, "Sweep JSON (benchmarks/sweep_blocks.py --out) or "
+                        "an inline JSON dict: block sizes for this project's kernel rows.",
+                        flag_values=flag_values)
+    flags.DEFINE_bool("check", False, "No timings: float32 values and gradients vs the XLA "
+                      "reference.", flag_values=flag_values)
+    return flag_values
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--small", action="store_true",
-                        help="tiny shapes, kernels in interpret mode (runs on a CPU)")
-    parser.add_argument("--warmup", type=int, default=None)
-    parser.add_argument("--iters", type=int, default=None)
-    parser.add_argument("--block_sizes", default=None,
-                        help="sweep JSON (benchmarks/sweep_blocks.py --out) or an inline JSON "
-                             "dict: block sizes for this project's kernel rows")
-    parser.add_argument("--check", action="store_true",
-                        help="no timings: float32 values and gradients vs the XLA reference")
-    args = parser.parse_args()
+    args = cli_flags.Command("benchmarks/attention.py", __doc__).parse(
+        define_flags(flags.FlagValues()))
     device = jax.devices()[0]
     head_dim = (SMALL_SHAPES if args.small else FULL_SHAPES)[0].head_dim
     blocks = load_block_sizes(args.block_sizes, head_dim)

@@ -14,17 +14,18 @@ runs counts (the cached side's time includes its prefill).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import statistics
 import time
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import flags
 from flax import nnx
 
-from gated_attention import config_lib, generate
+from gated_attention import cli_flags, config_lib, generate
 from gated_attention.model import build_model
 
 
@@ -56,7 +57,7 @@ def timed(fn, repeats: int) -> tuple[float, np.ndarray]:
     return statistics.median(times), out
 
 
-def benchmark(arch: str, batch: int, args: argparse.Namespace) -> dict[str, float]:
+def benchmark(arch: str, batch: int, args: types.SimpleNamespace) -> dict[str, float]:
     config = config_lib.base_config(arch, args.variant)
     config.model.dtype = "float32"
     if "scan_layers" in config.model:
@@ -75,15 +76,24 @@ def benchmark(arch: str, batch: int, args: argparse.Namespace) -> dict[str, floa
     return {"cached": new / cached_s, "plain": new / plain_s, "agree": same}
 
 
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    """The script's flags, on `flag_values` (importing the module defines none)."""
+    flags.DEFINE_string("archs", "tiny,small", "Comma-separated archs.",
+                        flag_values=flag_values)
+    flags.DEFINE_string("batches", "1,8", "Comma-separated batch sizes.",
+                        flag_values=flag_values)
+    flags.DEFINE_string("variant", "g1_sdpa_elementwise", "The attention variant.",
+                        flag_values=flag_values)
+    flags.DEFINE_integer("prompt_len", 32, "Prompt tokens.", flag_values=flag_values)
+    flags.DEFINE_integer("new_tokens", 32, "Tokens generated.", flag_values=flag_values)
+    flags.DEFINE_integer("repeats", 3, "Timed repeats (median reported).",
+                         flag_values=flag_values)
+    return flag_values
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--archs", default="tiny,small")
-    parser.add_argument("--batches", default="1,8")
-    parser.add_argument("--variant", default="g1_sdpa_elementwise")
-    parser.add_argument("--prompt_len", type=int, default=32)
-    parser.add_argument("--new_tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = cli_flags.Command("benchmarks/decode.py", __doc__).parse(
+        define_flags(flags.FlagValues()))
     print(f"device: {jax.device_count()} x {jax.devices()[0].device_kind}; variant="
           f"{args.variant} prompt={args.prompt_len} new={args.new_tokens} float32; greedy; "
           f"median of {args.repeats}")

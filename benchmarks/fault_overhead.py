@@ -13,24 +13,30 @@ its throughput. Batches are random tokens: speed does not depend on the data.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import jax
 import numpy as np
+from absl import flags
 
-from gated_attention import checkpoint, config_lib, sharding, train
+from gated_attention import checkpoint, cli_flags, config_lib, sharding, train
+
+
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    """The script's flags, on `flag_values` (importing the module defines none)."""
+    flags.DEFINE_string("arch", "tiny", "The architecture.", flag_values=flag_values)
+    flags.DEFINE_string("variant", "g1_sdpa_elementwise", "The attention variant.",
+                        flag_values=flag_values)
+    flags.DEFINE_integer("seq_len", 256, "Tokens per row.", flag_values=flag_values)
+    flags.DEFINE_integer("batch", 8, "Rows per step.", flag_values=flag_values)
+    flags.DEFINE_integer("steps", 20, "Timed steps per variant.", flag_values=flag_values)
+    return flag_values
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", default="tiny")
-    parser.add_argument("--variant", default="g1_sdpa_elementwise")
-    parser.add_argument("--seq_len", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per variant")
-    args = parser.parse_args()
+    args = cli_flags.Command("benchmarks/fault_overhead.py", __doc__).parse(
+        define_flags(flags.FlagValues()))
 
     config = config_lib.base_config(args.arch, args.variant)
     config.data.seq_len, config.train.batch_size = args.seq_len, args.batch

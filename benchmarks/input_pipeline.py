@@ -17,7 +17,6 @@ FLOP/s / training FLOPs per token (inspect.train_flops_per_token).
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import platform
@@ -26,7 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gated_attention import config_lib
+from absl import flags
+
+from gated_attention import cli_flags, config_lib
 from gated_attention.data import array_record_source, corpus, prepare, streams, tokenizer
 from gated_attention.data.hf_tokenizer import HFTokenizer
 from gated_attention.inspect import train_flops_per_token
@@ -81,15 +82,22 @@ def time_array_record(folder: str, packing: str, seq_len: int, batch: int,
     return rows * seq_len / (time.perf_counter() - start)
 
 
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    """The script's flags, on `flag_values` (importing the module defines none)."""
+    flags.DEFINE_string("hf_tokenizer", "", "A tokenizer.json to time.",
+                        flag_values=flag_values)
+    flags.DEFINE_integer("vocab", 32_000, "Pieces of the trained ones.",
+                         flag_values=flag_values)
+    flags.DEFINE_integer("seq_len", 4096, "Tokens per row.", flag_values=flag_values)
+    flags.DEFINE_integer("batch", 8, "Rows per host batch.", flag_values=flag_values)
+    flags.DEFINE_float("seconds", 5.0, "Time per row.", flag_values=flag_values)
+    flags.DEFINE_integer("cores", 1, "Cores to pin the process to.", flag_values=flag_values)
+    return flag_values
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hf_tokenizer", default="", help="a tokenizer.json to time")
-    parser.add_argument("--vocab", type=int, default=32_000, help="pieces of the trained ones")
-    parser.add_argument("--seq_len", type=int, default=4096)
-    parser.add_argument("--batch", type=int, default=8, help="rows per host batch")
-    parser.add_argument("--seconds", type=float, default=5.0, help="time per row")
-    parser.add_argument("--cores", type=int, default=1, help="cores to pin the process to")
-    args = parser.parse_args()
+    args = cli_flags.Command("benchmarks/input_pipeline.py", __doc__).parse(
+        define_flags(flags.FlagValues()))
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:args.cores]))
 
     documents = corpus.cpython_docs()

@@ -18,7 +18,6 @@ calls after --warmup.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import statistics
@@ -27,8 +26,10 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from absl import flags
 from flax import nnx
 
+from gated_attention import cli_flags
 from gated_attention.config_lib import base_config, model_config
 from gated_attention.layers.mlp import SwiGLU
 from gated_attention.layers.moe import MoEFeedForward
@@ -118,12 +119,17 @@ def run_device(device: jax.Device, shapes: list[Shape], warmup: int, iters: int)
     return rows
 
 
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    """The script's flags, on `flag_values` (importing the module defines none)."""
+    flags.DEFINE_bool("small", False, "Small shape only.", flag_values=flag_values)
+    flags.DEFINE_integer("warmup", 2, "Warm-up calls.", flag_values=flag_values)
+    flags.DEFINE_integer("iters", 5, "Timed calls (median reported).", flag_values=flag_values)
+    return flag_values
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--small", action="store_true", help="small shape only")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--iters", type=int, default=5)
-    args = parser.parse_args()
+    args = cli_flags.Command("benchmarks/moe.py", __doc__).parse(
+        define_flags(flags.FlagValues()))
     devices = {d.platform: d for d in reversed(jax.devices("cpu"))}
     try:
         accelerators = jax.devices()

@@ -12,12 +12,15 @@ arch (a CPU rehearsal); otherwise the 1.7B-28L arch at 4 x 4096 in bfloat16, as 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from absl import flags as absl_flags
+
+from gated_attention import cli_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["arch=tiny", "--config.train.batch_size=8", "--config.model.num_layers=2"]
@@ -62,14 +65,14 @@ def measured_on_this_gpu(config_spec: str, flags: list[str]) -> tuple[int, int]:
     """(compiled total, peak bytes in use after two steps) on this machine's first GPU."""
     import jax
     import numpy as np
-    from absl import flags as absl_flags
     from ml_collections import config_flags
 
     from gated_attention import config_lib, distributed, sharding, target_compile, train
 
-    config_flags.DEFINE_config_file("config", None, "")
-    absl_flags.FLAGS([sys.argv[0], f"--config={config_spec}", *flags])
-    config = absl_flags.FLAGS.config
+    parsed = absl_flags.FlagValues()  # main's loader and overrides, on flags of our own
+    config_flags.DEFINE_config_file("config", None, "", flag_values=parsed)
+    parsed([sys.argv[0], f"--config={config_spec}", *flags])
+    config = parsed.config
     config.mesh.data = 1
     mesh = sharding.create_mesh(config.mesh, jax.devices()[:1])
     compiled = target_compile.compile_step(config, mesh, "train", platform="gpu")
@@ -90,10 +93,16 @@ def measured_on_this_gpu(config_spec: str, flags: list[str]) -> tuple[int, int]:
     return compiled.memory["total"], int(stats.get("peak_bytes_in_use", 0))
 
 
+def define_flags(flag_values: absl_flags.FlagValues) -> absl_flags.FlagValues:
+    """The script's flags, on `flag_values` (importing the module defines none)."""
+    absl_flags.DEFINE_bool("small", False, "The tiny arch (CPU rehearsal).",
+                           flag_values=flag_values)
+    return flag_values
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--small", action="store_true", help="the tiny arch (CPU rehearsal)")
-    args = parser.parse_args()
+    args = cli_flags.Command("benchmarks/preflight_memory.py", __doc__).parse(
+        define_flags(absl_flags.FlagValues()))
     config, flags = overrides(args.small)
     here = gpu_name()
     accelerator = here or "h200-1"

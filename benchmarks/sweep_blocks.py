@@ -30,7 +30,6 @@ into ops/block_sizes.py, and the JSON holds it under "winners" (what
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -39,12 +38,13 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from absl import flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks/ folder
 
 import attention as bench  # noqa: E402 - benchmarks/attention.py: inputs, timing, errors
 
-from gated_attention import ops, paths  # noqa: E402
+from gated_attention import cli_flags, ops, paths  # noqa: E402
 from gated_attention.ops.block_sizes import (  # noqa: E402
     BLOCK_KEYS,
     block_sizes_for,
@@ -367,20 +367,27 @@ def parse_shapes(text: str) -> tuple[bench.Shape, ...]:
     return tuple(shapes)
 
 
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    """The script's flags, on `flag_values` (importing the module defines none)."""
+    flags.DEFINE_bool("small", False, "Tiny shape and candidates, kernels interpreted (runs on "
+                      "a CPU).", flag_values=flag_values)
+    flags.DEFINE_string("shapes", None, "BxSxHxD or BxSxHxKVxD[,...] (default: the table's MHA "
+                        "shapes, or the tiny one).", flag_values=flag_values)
+    flags.DEFINE_integer("warmup", None, "Warm-up calls (default: 1 with --small, else 2).",
+                         flag_values=flag_values)
+    flags.DEFINE_integer("iters", None, "Timed calls (default: 2 with --small, else 10).",
+                         flag_values=flag_values)
+    flags.DEFINE_float("budget_s", None, "Start no new candidate after this many seconds (per "
+                       "head_dim share; 45% of it for the forward phase).",
+                       flag_values=flag_values)
+    flags.DEFINE_string("out", None, "JSON report, rewritten after each row.",
+                        flag_values=flag_values)
+    return flag_values
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--small", action="store_true",
-                        help="tiny shape and candidates, kernels interpreted (runs on a CPU)")
-    parser.add_argument("--shapes", default=None,
-                        help="BxSxHxD or BxSxHxKVxD[,...] (default: the table's MHA shapes, "
-                             "or the tiny one)")
-    parser.add_argument("--warmup", type=int, default=None)
-    parser.add_argument("--iters", type=int, default=None)
-    parser.add_argument("--budget_s", type=float, default=None,
-                        help="start no new candidate after this many seconds (per head_dim "
-                             "share; 45%% of it for the forward phase)")
-    parser.add_argument("--out", default=None, help="JSON report, rewritten after each row")
-    args = parser.parse_args()
+    args = cli_flags.Command("benchmarks/sweep_blocks.py", __doc__).parse(
+        define_flags(flags.FlagValues()))
     shapes = (parse_shapes(args.shapes) if args.shapes
               else SMALL_SHAPES if args.small else FULL_SHAPES)
     warmup = args.warmup if args.warmup is not None else (1 if args.small else 2)

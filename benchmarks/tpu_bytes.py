@@ -19,7 +19,6 @@ These are the compiler's estimates of memory traffic, not timings on a TPU.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import time
@@ -27,8 +26,9 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from absl import flags
 
-from gated_attention import ops
+from gated_attention import cli_flags, ops
 
 FEATURES = {"ungated": dict(gate=False, segments=False),
             "elementwise gate, segment ids": dict(gate=True, segments=True)}
@@ -127,13 +127,21 @@ def _grad_of(loss: Callable, fixed_names: tuple[str, ...]) -> Callable:
 PROBLEMS = {"block": block_problem, "kernel": kernel_problem}
 
 
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    """The script's flags, on `flag_values` (importing the module defines none)."""
+    flags.DEFINE_string("topology", "v5e:2x2", "TPU topology; its first chip.",
+                        flag_values=flag_values)
+    flags.DEFINE_enum("what", "both", [*PROBLEMS, "both"], "Which problem to compile.",
+                      flag_values=flag_values)
+    flags.DEFINE_string("impls", "pallas_tpu,splash", "Comma-separated implementations.",
+                        flag_values=flag_values)
+    flags.DEFINE_integer("seq", 4096, "Sequence length.", flag_values=flag_values)
+    return flag_values
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--topology", default="v5e:2x2", help="TPU topology; its first chip")
-    parser.add_argument("--what", choices=(*PROBLEMS, "both"), default="both")
-    parser.add_argument("--impls", default="pallas_tpu,splash")
-    parser.add_argument("--seq", type=int, default=4096)
-    args = parser.parse_args()
+    args = cli_flags.Command("benchmarks/tpu_bytes.py", __doc__).parse(
+        define_flags(flags.FlagValues()))
     device = tpu_device(args.topology)
     whats = list(PROBLEMS) if args.what == "both" else [args.what]
     print(f"{args.topology} ({device.device_kind}), B1 S{args.seq}, bf16, fwd+bwd; "

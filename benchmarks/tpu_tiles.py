@@ -29,7 +29,6 @@ Ranked by the estimate; the winner per generation is printed as the literal that
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import itertools
@@ -42,12 +41,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks/ folder
 
 import tpu_bytes  # noqa: E402 - benchmarks/tpu_bytes.py: compile-only TPU devices
 
-from gated_attention import ops  # noqa: E402
+from gated_attention import cli_flags, ops  # noqa: E402
 from gated_attention.ops import block_sizes, pallas_tpu  # noqa: E402
 
 # Published per-chip figures: peak bf16 MXU FLOP/s and HBM bytes/s.
@@ -221,20 +221,29 @@ def winners(rows: dict[str, list[dict]]) -> dict[str, int]:
     return best
 
 
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    """The script's flags, on `flag_values` (importing the module defines none)."""
+    flags.DEFINE_string("generations", ",".join(CHIPS), f"Comma-separated, of "
+                        f"{', '.join(CHIPS)}.", flag_values=flag_values)
+    flags.DEFINE_integer("seq", 4096, "Sequence length.", flag_values=flag_values)
+    flags.DEFINE_integer("heads", 16, "Query heads.", flag_values=flag_values)
+    flags.DEFINE_integer("kv_heads", 8, "Key/value heads.", flag_values=flag_values)
+    flags.DEFINE_integer("head_dim", 128, "Head dimension.", flag_values=flag_values)
+    flags.DEFINE_bool("packed", False, "Segment ids: four documents of seq/4 per row.",
+                      flag_values=flag_values)
+    flags.DEFINE_integer("max_block", MAX_BLOCK, f"Largest tile tried, one of {SIZES} (the "
+                         "length is padded to a multiple of it).", flag_values=flag_values)
+    flags.register_validator("max_block", lambda size: size in SIZES,
+                             f"must be one of {', '.join(map(str, SIZES))}",
+                             flag_values=flag_values)
+    flags.DEFINE_float("step_us", STEP_US, "Overhead of one grid step in the estimate, "
+                       "microseconds.", flag_values=flag_values)
+    return flag_values
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--generations", default=",".join(CHIPS))
-    parser.add_argument("--seq", type=int, default=4096)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--kv_heads", type=int, default=8)
-    parser.add_argument("--head_dim", type=int, default=128)
-    parser.add_argument("--packed", action="store_true",
-                        help="segment ids: four documents of seq/4 per row")
-    parser.add_argument("--max_block", type=int, default=MAX_BLOCK, choices=SIZES,
-                        help="largest tile tried (the length is padded to a multiple of it)")
-    parser.add_argument("--step_us", type=float, default=STEP_US,
-                        help="overhead of one grid step in the estimate, microseconds")
-    args = parser.parse_args()
+    args = cli_flags.Command("benchmarks/tpu_tiles.py", __doc__).parse(
+        define_flags(flags.FlagValues()))
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     print(f"B1 S{args.seq} H{args.heads} KV{args.kv_heads} D{args.head_dim} bf16, causal"
           f"{', 4 documents per row' if args.packed else ''}; compiled per chip, no TPU; "

@@ -13,15 +13,16 @@ tokens: speed does not depend on the data.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import flags
 
-from gated_attention import config_lib, distributed, inspect, sharding, train
+from gated_attention import cli_flags, config_lib, distributed, inspect, sharding, train
 
 # Dense bf16 peak per chip, TFLOP/s (vendor figures, without sparsity).
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "TPU v4": 275.0,
@@ -38,7 +39,7 @@ def device_peak_tflops(override: float | None) -> float | None:
     return None
 
 
-def benchmark(arch: str, variant: str, args: argparse.Namespace) -> dict[str, float]:
+def benchmark(arch: str, variant: str, args: types.SimpleNamespace) -> dict[str, float]:
     config = config_lib.base_config(arch, variant)
     config.data.seq_len = args.seq_len
     config.train.batch_size = args.batch
@@ -76,22 +77,30 @@ def benchmark(arch: str, variant: str, args: argparse.Namespace) -> dict[str, fl
             "params": inspect.count_params(cfg)}
 
 
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    """The script's flags, on `flag_values` (importing the module defines none)."""
+    flags.DEFINE_string("arch", "tiny", "The architecture.", flag_values=flag_values)
+    flags.DEFINE_integer("seq_len", 256, "Tokens per row.", flag_values=flag_values)
+    flags.DEFINE_integer("batch", 16, "Rows per step.", flag_values=flag_values)
+    flags.DEFINE_string("dtype", "float32", "config.model.dtype.", flag_values=flag_values)
+    flags.DEFINE_string("remat", "none", "config.model.remat.", flag_values=flag_values)
+    flags.DEFINE_string("attention_impl", "auto", "config.model.attention_impl.",
+                        flag_values=flag_values)
+    flags.DEFINE_integer("steps", 10, "Timed steps (median reported).",
+                         flag_values=flag_values)
+    flags.DEFINE_integer("warmup", 2, "Warm-up steps.", flag_values=flag_values)
+    flags.DEFINE_float("peak_tflops", None, "Device peak for MFU (default: from the device "
+                       "kind).", flag_values=flag_values)
+    flags.DEFINE_string("variants", "baseline,g1_sdpa_elementwise", "Comma-separated "
+                        "variants.", flag_values=flag_values)
+    flags.DEFINE_bool("packed", False, "Pass segment ids and positions, as packed training "
+                      "batches do.", flag_values=flag_values)
+    return flag_values
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--arch", default="tiny")
-    parser.add_argument("--seq_len", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--remat", default="none")
-    parser.add_argument("--attention_impl", default="auto")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps (median reported)")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--peak_tflops", type=float, default=None,
-                        help="device peak for MFU (default: from the device kind)")
-    parser.add_argument("--variants", default="baseline,g1_sdpa_elementwise")
-    parser.add_argument("--packed", action="store_true",
-                        help="pass segment ids and positions, as packed training batches do")
-    args = parser.parse_args()
+    args = cli_flags.Command("benchmarks/train_step.py", __doc__).parse(
+        define_flags(flags.FlagValues()))
 
     peak = device_peak_tflops(args.peak_tflops)
     device = f"{jax.device_count()} x {jax.devices()[0].device_kind}"

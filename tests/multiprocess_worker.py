@@ -15,23 +15,43 @@ the config's own mesh (one process start serves both checks).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
+import types
 import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-if __name__ == "__main__":  # devices and platform must be fixed before jax is imported
-    _pre = argparse.ArgumentParser(add_help=False)
-    _pre.add_argument("--local_devices", type=int, default=4)
-    _known, _ = _pre.parse_known_args()
-    # cheap compiles, as the test process has them (tests/conftest.py)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from gated_attention import cpu_compile
+from absl import flags
 
-    os.environ["XLA_FLAGS"] = cpu_compile.xla_flags(host_devices=_known.local_devices)
+
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    """The worker's flags, on `flag_values` (importing the module, as the tests do, defines
+    none)."""
+    flags.DEFINE_integer("process_id", 0, "This process's index.", flag_values=flag_values)
+    flags.DEFINE_integer("num_processes", 1, "Processes of the job.", flag_values=flag_values)
+    flags.DEFINE_integer("port", 0, "The coordinator's port on localhost.",
+                         flag_values=flag_values)
+    flags.DEFINE_integer("local_devices", 4, "CPU devices of this process.",
+                         flag_values=flag_values)
+    flags.DEFINE_string("mesh", "data=-1", "Mesh axes, e.g. fsdp=2,tensor=2,dcn_data=2.",
+                        flag_values=flag_values)
+    flags.DEFINE_integer("steps", 3, "Train steps.", flag_values=flag_values)
+    flags.DEFINE_string("config_json", "", "A config saved as JSON (train.run).",
+                        flag_values=flag_values)
+    flags.DEFINE_string("workdir", "", "train.run's workdir.", flag_values=flag_values)
+    return flag_values
+
+
+if __name__ == "__main__":  # devices and platform must be fixed before jax is imported
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from gated_attention import cli_flags, cpu_compile
+
+    ARGS = cli_flags.Command("tests/multiprocess_worker.py", __doc__).parse(
+        define_flags(flags.FlagValues()))
+    # cheap compiles, as the test process has them (tests/conftest.py)
+    os.environ["XLA_FLAGS"] = cpu_compile.xla_flags(host_devices=ARGS.local_devices)
     os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
@@ -146,17 +166,7 @@ def parse_mesh(text: str) -> dict[str, int]:
     return {k: int(v) for k, v in (part.split("=") for part in text.split(",") if part)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--process_id", type=int, default=0)
-    parser.add_argument("--num_processes", type=int, default=1)
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--local_devices", type=int, default=4)
-    parser.add_argument("--mesh", default="data=-1")
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--config_json", default="", help="a config saved as JSON (train.run)")
-    parser.add_argument("--workdir", default="", help="train.run's workdir")
-    args = parser.parse_args()
+def main(args: types.SimpleNamespace) -> None:
     if args.num_processes > 1:
         distributed.initialize(True, coordinator_address=f"localhost:{args.port}",
                                num_processes=args.num_processes, process_id=args.process_id)
@@ -173,4 +183,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -12,11 +12,14 @@ tensorflow nor tensorboard is needed.
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import struct
 import sys
 from collections.abc import Sequence
+
+from absl import flags
+
+from gated_attention import cli_flags
 
 OUT = pathlib.Path(__file__).with_suffix(".png")
 SEQ_LEN = 64  # sink_tiny's sequence length: the uniform level depends on it
@@ -73,14 +76,20 @@ def draw(root: pathlib.Path, prefixes: Sequence[str], seeds: Sequence[int],
     plt.close(fig)
 
 
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    """The script's flags, on `flag_values` (importing the module defines none); a grid root
+    and run names without the -s<seed> suffix are the positional arguments."""
+    flags.DEFINE_string("seeds", "0", "Comma-separated seeds.", flag_values=flag_values)
+    flags.DEFINE_string("out", str(OUT), "The figure's path.", flag_values=flag_values)
+    return flag_values
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("root", type=pathlib.Path, help="a grid root")
-    parser.add_argument("prefixes", nargs="+", help="run names without the -s<seed> suffix")
-    parser.add_argument("--seeds", default="0", help="comma-separated seeds")
-    parser.add_argument("--out", type=pathlib.Path, default=OUT)
-    args = parser.parse_args(argv)
-    draw(args.root, args.prefixes, [int(s) for s in args.seeds.split(",")], args.out)
+    args = cli_flags.Command("docs/figures/sink_emergence_tb.py", __doc__,
+                             positional=("root", "prefixes...")).parse(
+        define_flags(flags.FlagValues()), argv)
+    draw(pathlib.Path(args.root), args.prefixes, [int(s) for s in args.seeds.split(",")],
+         pathlib.Path(args.out))
     print(f"wrote {args.out}")
     return 0
 
