@@ -20,10 +20,10 @@ Adding a source is writing that module and one line in SOURCES. The fields every
 shares (seq_len, the tokenizer, packing, ...) are config_lib's and are checked here, by
 `check_section`. Three fields are read by several sources and so stay at the data level
 (SHARED_FIELDS) rather than in one source's section: `paths` (the `files` source's paths
-and globs, the `array_record` shard folder, and what `data.prepare` reads or writes),
-`text_key` (the `files` source's .jsonl field and the `tfds` source's text feature) and
-`tfds_data_dir` (where `tfds` finds its prepared dataset and where the `seqio` C4 task reads
-tfds data). Each has one meaning whichever source reads it, so one field, not one per source.
+and globs, the `array_record` shard folder), `text_key` (the `files` source's .jsonl field,
+the `tfds` source's text feature) and `tfds_data_dir` (where `tfds` finds its prepared
+dataset, and the `seqio` C4 task its tfds data). Each means one thing whichever source
+reads it: one field, not a copy in each section to keep in step.
 
 Flat aliases: before sections, each source's fields sat in `config.data` with a prefix
 (`data.seqio_task`, `data.backcopy_alpha`, ...). Those names still work on the command line,
