@@ -1,13 +1,20 @@
 """Flags are defined one way, by the entry points when they run: importing any module of the
 package (or experiments/) registers no absl flag, so one command's flags cannot collide with
-another's in a process that imports both."""
+another's in a process that imports both; and one library: absl everywhere, no argparse.
+The commands that once used argparse keep their spellings and refuse bad input in one line
+naming the flag (gated_attention/cli_flags.py)."""
 
+import ast
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from experiments import run_grid
+from gated_attention import train_command
+from gated_attention.pods import supervisor
 
 ROOT = Path(__file__).resolve().parents[1]
 # Modules that still define flags on import, each with where that is to be fixed; the test
@@ -37,3 +44,100 @@ def test_importing_the_package_defines_no_flags():
         "modules"]
     ours = {m for m in report["defined"] if m.startswith(("gated_attention", "experiments"))}
     assert ours == set(STILL_ON_IMPORT), ours
+
+
+# Where the repository's Python lives (.venv and run outputs are not the repository's).
+SOURCE_DIRS = ("gated_attention", "experiments", "benchmarks", "tests", "docs", "configs",
+               "tpu_scripts", "gpu_scripts")
+
+
+def imports_argparse(path: Path) -> bool:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return any((isinstance(node, ast.Import) and any(a.name == "argparse" for a in node.names))
+               or (isinstance(node, ast.ImportFrom) and node.module == "argparse")
+               for node in ast.walk(tree))
+
+
+def test_no_python_file_imports_argparse():
+    files = [p for d in SOURCE_DIRS for p in sorted((ROOT / d).rglob("*.py"))]
+    assert len(files) > 200 and ROOT / "gated_attention" / "cli_flags.py" in files
+    assert not [str(p.relative_to(ROOT)) for p in files if imports_argparse(p)]
+
+
+def test_the_argparse_check_sees_both_import_forms(tmp_path):
+    for text, found in [("import os, argparse\n", True), ("from argparse import Namespace\n",
+                        True), ("x = 'import argparse'\n", False)]:
+        (tmp_path / "m.py").write_text(text)
+        assert imports_argparse(tmp_path / "m.py") is found, text
+
+
+# The supervisor as tpu_scripts/supervise.sh calls it: space-separated values, hyphenated names.
+SUPERVISE = ["--config", "pod.env", "--project", "p", "--zone", "z", "--tpu-name", "t",
+             "--queued", "false", "--bucket", "gs://b/x", "--max-restarts", "3", "--poll", "2",
+             "--active-timeout", "60", "--broken-grace", "5", "--extra-ssh-args", ""]
+
+
+def test_the_supervisors_command_lines_keep_their_spelling():
+    run = supervisor.parse_args([*SUPERVISE, "--max-polls", "4", "run", "--name", "r",
+                                 "--arch", "small", "--", "--config.train.steps=3"])
+    assert (run.subcommand, run.name, run.arch, run.variant, run.tpu_name) == (
+        "run", "r", "small", "baseline", "t")
+    assert (run.queued, run.poll, run.max_restarts, run.max_polls, run.extra_ssh_args,
+            run.dry_run) == (False, 2.0, 3, 4, "", False)
+    assert run.passthrough == ("--config.train.steps=3",)
+    grid = supervisor.parse_args([*SUPERVISE, "--dry-run", "grid", "--name", "g", "--grid",
+                                  "experiments/grids/smoke.py", "--claim", "--", "--seeds", "0"])
+    assert (grid.subcommand, grid.grid, grid.claim, grid.dry_run, grid.queued) == (
+        "grid", "experiments/grids/smoke.py", True, True, False)
+    assert grid.passthrough == ("--seeds", "0")
+
+
+def test_a_command_parses_afresh_on_each_call(capsys):
+    """Flags on a FlagValues of each call's own: a second call is neither refused as a
+    redefinition nor given the first call's values."""
+    argv = ["--config=configs/tiny.py", "--workdir=runs/a", "--python=py", "--progress=false",
+            "--", "--config.train.steps=3"]
+    assert train_command.main(argv) == 0
+    assert train_command.main(["--config=c", "--workdir=w"]) == 0
+    first, second = capsys.readouterr().out.splitlines()
+    assert first == ("py -m gated_attention.main --config=configs/tiny.py --workdir=runs/a "
+                     "--progress=false --config.train.steps=3")
+    assert second == "python -m gated_attention.main --config=c --workdir=w"
+
+
+@pytest.mark.reference("error_message")
+@pytest.mark.parametrize("main, argv, message", [
+    (run_grid.main, ["--root", "r"], "positional arguments: expected GRID, got none"),
+    (run_grid.main, ["a.py", "b.py", "--root", "r"], "expected GRID, got a.py b.py"),
+    (run_grid.main, ["a.py"], "flag --root=None: Flag --root must have a value"),
+    (run_grid.main, ["a.py", "--root", "r", "--parallel", "two"], "flag --parallel=two: "),
+    (run_grid.main, ["a.py", "--root", "r", "--dry-run"], "Unknown command line flag 'dry-run'"),
+    (supervisor.main, [*SUPERVISE, "grid", "--name", "g", "--grid", "x.py", "--arch", "a"],
+     "--arch is a flag of `run`, not of `grid`"),
+    (supervisor.main, [*SUPERVISE, "run", "--name", "r", "--claim"],
+     "--claim is a flag of `grid`, not of `run`"),
+    (supervisor.main, [*SUPERVISE, "grid", "--name", "g"], "grid needs --grid"),
+    (supervisor.main, [*SUPERVISE, "--name", "r"], "expected SUBCOMMAND, got none"),
+    (supervisor.main, [*SUPERVISE, "walk", "--name", "r"], "must be run or grid, not 'walk'"),
+    (supervisor.main, [*SUPERVISE, "run", "--name", "r", "--queued", "yes"],
+     "flag --queued=yes: value should be one of <true|false>"),
+    (train_command.main, ["--config=c", "--workdir=w", "--progress=maybe"],
+     "flag --progress=maybe: value should be one of <true|false>"),
+])
+def test_bad_command_lines_are_one_line_naming_the_flag(capsys, main, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert err.startswith(("experiments.run_grid: error: ", "supervise: error: ",
+                           "gated_attention.train_command: error: ")), err
+
+
+def test_help_lists_the_flags_but_the_hidden_ones(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        supervisor.main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: supervise [flags] SUBCOMMAND\n\nKeep a run or a grid alive")
+    assert "--tpu-name: " in out and "--[no]claim: " in out and "max-polls" not in out
