@@ -1,16 +1,17 @@
 """Cheap XLA:CPU compiles, for programs compiled often and run briefly.
 
-The test suite compiles thousands of small programs on a small CPU, and the kernels'
-interpret-mode checks compile large ones to run them once: there, compiling costs more than
-running. Three XLA settings cut that cost and keep the numerics contract (float32 and float64
-as asked, no fast-math): optimisation level 0, LLVM without its expensive passes, and the
-legacy elemental code generator instead of XLA:CPU's newer MLIR fusion emitters (those compile
-a 1-layer train step in 5.3 s, the legacy generator in 2.9 s). The last flag is offered only
-by jaxlib releases that still carry the legacy generator, and XLA aborts on a flag it does not
-know, so it is set only where this jaxlib names it.
+The kernels' interpret-mode checks (ops/testing.py) compile large programs to run them once,
+and some test helpers start processes that compile many small ones: there, compiling costs
+more than running. (A training is the opposite: its step runs many times, so the suite runs
+trainings with XLA's defaults.) Three XLA settings cut that cost and keep the numerics
+contract (float32 and float64 as asked, no fast-math): optimisation level 0, LLVM without its
+expensive passes, and the legacy elemental code generator instead of XLA:CPU's newer MLIR
+fusion emitters (those compile a 1-layer train step in 5.3 s, the legacy generator in 2.9 s).
+The last flag is offered only by jaxlib releases that still carry the legacy generator, and
+XLA aborts on a flag it does not know, so it is set only where this jaxlib names it.
 
-Two forms: XLA_FLAGS text, for a process before it imports jax (the suite's conftest, the
-processes it starts), and per-compile options (`jit(...).lower(...).compile(options)`).
+Two forms: XLA_FLAGS text, for a process before it imports jax (one a test starts), and
+per-compile options (`jit(...).lower(...).compile(options)`).
 No jax import here: this runs before jax's.
 """
 
