@@ -19,9 +19,10 @@ from gated_attention.model import abstract_model
 # training compiled as below): 0.62 of the answer digits and 13 of 64 whole keys right at 128
 # tokens; 2026-12-02, 0.56 and 10 of 64 with this file run alone, 0.47 and 5 of 64 in two
 # full `make durations` runs (the same numbers in both: the trajectory depends on what ran
-# before it in the process, not on chance; not yet traced). The copy forms late (compiled unoptimised, one run was at 0.19 of the digits at
-# step 60, 0.47 at 200 and 0.50 at 300), so fewer steps leave no margin. (At 256 tokens and
-# 1e-2 the copy took 600 steps, about 4x this training's cost.)
+# before it in the process, not on chance; not yet traced). The copy forms late
+# (compiled unoptimised, one run was at 0.19 of the digits at step 60, 0.47 at 200 and 0.50
+# at 300), so fewer steps leave no margin. (At 256 tokens and 1e-2 the copy took 600 steps,
+# about 4x this training's cost.)
 LENGTH, STEPS, BATCH, DIGITS, EXAMPLES, PEAK_LR = 128, 300, 16, 4, 64, 3e-2
 # The training's one program is compiled with XLA's default CPU optimisations (its MLIR fusion
 # emitters included), named here so that no XLA_FLAGS of the test process can change them
