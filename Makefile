@@ -57,7 +57,7 @@ test: $(TEST_STAMP) lint
 	$(PYTEST) tests
 
 # The development loop: the suite without the slow tests (the trainings, and every test that
-# took over 1 s in the last measured full run: tests/durations.json).
+# took over 0.5 s in the last measured full run: tests/durations.json).
 test-fast: $(TEST_STAMP)
 	$(PYTEST) -m "not slow" tests
 
