@@ -18,13 +18,16 @@ pre-flight compiles them (gated_attention/target_compile.py: `main`'s own train 
 
 Every loop counted by its trip count: XLA's cost analysis counts a while loop's body once,
 whatever its trip count (`known_trip_count` in the optimized HLO). The scanned layers are
-one such loop (hence U1 and U2); the chunked loss's vocabulary tiles are two more (forward
-and backward, 19 trips each for the 1.7B at loss_chunk_size 8192). U1 and U2 are therefore
-traced with the loss's tiles unrolled (`losses.unrolled_tiles`: the same arithmetic, one
-tile after another, with the backward's recomputed logits kept by an optimisation barrier,
-which the compiler would otherwise merge with the forward's), so their cost analysis sees
-every tile. This is exact for FLOPs (tests/test_compiled_step.py: the chunked step's FLOPs
-are the plain step's plus one logits matmul, the recomputation); for bytes it is the
+one such loop (hence U1 and U2); the chunked loss's tiles are more: vocabulary tiles
+(`train.loss_tiles=vocab`) a loop in the forward and one in the backward (19 trips each for
+the 1.7B at loss_chunk_size 8192), token tiles (`tokens`) one loop in the forward, which
+computes the gradient too (4096 / loss_chunk_size trips). U1 and U2 are therefore traced
+with the loss's tiles unrolled (`losses.unrolled_tiles`: the same arithmetic, one tile after
+another; the vocabulary tiles' backward keeps its recomputed logits by an optimisation
+barrier, which the compiler would otherwise merge with the forward's), so their cost
+analysis sees every tile. This is exact for FLOPs (tests/test_compiled_step.py: the
+vocabulary-tiled step's FLOPs are the plain step's plus one logits matmul, the
+recomputation; the token-tiled step's are the plain step's); for bytes it is the
 compiler's estimate for the unrolled program, which may fuse a little differently from the
 looped one (no carried copies between tiles). The benchmark then reads U1's and U2's
 optimized HLO for any while loop left with a trip count above 1 (e.g. `train.grad_accum` >
@@ -297,7 +300,8 @@ def main(argv: list[str]) -> None:
               f"{config.data.seq_len}, mesh {dict(config.mesh)}, remat {config.model.remat}, "
               f"scan_layers {config.model.scan_layers}, attention "
               f"{config.model.attention_impl}, loss_chunk_size "
-              f"{config.train.get('loss_chunk_size', 0)}; jax {jax.__version__}, libtpu "
+              f"{config.train.get('loss_chunk_size', 0)} over "
+              f"{config.train.get('loss_tiles', 'vocab')}; jax {jax.__version__}, libtpu "
               f"{version('libtpu')}")
     if FLAGS.json:
         print(json.dumps({"setting": header, "variants": results}, indent=2))

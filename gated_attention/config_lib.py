@@ -78,12 +78,15 @@ _CPU_MINUTES = {  # a run on a CPU in minutes, with a checkpoint and an eval eve
     "train.steps": 300, "train.batch_size": 16, "train.eval_every": 100,
     "train.checkpoint_every": 100, "optimizer.warmup_steps": 30,
 }
-PAPER_LOSS_CHUNK = 8192  # vocabulary entries per tile of the paper recipes' chunked loss
+# The paper recipes' chunked loss: token tiles of 2048 sequence positions, the gradient
+# computed in the forward pass (benchmarks/RESULTS.md: at the 1.7B on v5p-8 the FLOPs of the
+# plain loss, MaxText's, where vocabulary tiles add a recomputed logits matmul, +5.4%).
+PAPER_LOSS_TILES, PAPER_LOSS_CHUNK = "tokens", 2048
 _PAPER_SCALE = {  # FSDP over every chip, 1024 sequences a step, warm-up over 1,000 steps
     "model.remat": "dots_with_no_batch_dims_saveable", "train.batch_size": 1024,
     "train.eval_every": 1_000, "train.checkpoint_every": 1_000,
     "optimizer.warmup_steps": 1_000, "mesh.data": 1, "mesh.fsdp": -1,
-    "train.loss_chunk_size": PAPER_LOSS_CHUNK,
+    "train.loss_chunk_size": PAPER_LOSS_CHUNK, "train.loss_tiles": PAPER_LOSS_TILES,
 }
 # Table 2: 400B tokens at 4M tokens a step, peak learning rate 4e-3.
 _DENSE_1P7B_RECIPE = {**_PAPER_SCALE, "train.steps": 95_000, "optimizer.peak_lr": 4e-3}
@@ -199,10 +202,14 @@ def train_section() -> ml_collections.ConfigDict:
         # step_timeout_s (the first step, with the compile: first_step_timeout_s) prints its
         # stack and exits 75, e.g. when another worker died (gated_attention/watchdog.py).
         step_timeout_s=900.0, first_step_timeout_s=3600.0,
-        # The train loss over vocabulary tiles of this many entries (losses.
-        # chunked_cross_entropy): float32 logits [batch, seq, vocab] never exist at once;
-        # 0 = off (the plain loss over whole logits). On in the paper-scale recipes.
-        loss_chunk_size=0,
+        # The train loss a tile at a time, so float32 logits [batch, seq, vocab] never exist
+        # at once; 0 = off (the plain loss over whole logits). On in the paper-scale recipes.
+        # loss_tiles says which axis is tiled, loss_chunk_size how many entries of it a tile
+        # holds: "vocab", vocabulary entries (losses.chunked_cross_entropy: the backward
+        # recomputes each tile's logits), or "tokens", sequence positions of every batch row
+        # (losses.token_tiled_cross_entropy: the gradient computed in the forward pass, no
+        # recomputation). A config saved without loss_tiles tiles the vocabulary.
+        loss_chunk_size=0, loss_tiles="vocab",
     ))
 
 

@@ -22,15 +22,16 @@ _UNROLL_TILES = contextvars.ContextVar("unroll_loss_tiles", default=False)
 
 @contextlib.contextmanager
 def unrolled_tiles() -> Iterator[None]:
-    """Trace the chunked loss with its vocabulary tiles one after another instead of a loop.
+    """Trace the chunked losses with their tiles (vocabulary or token) one after another
+    instead of a loop.
 
     The same arithmetic; only for programs compiled to be costed (benchmarks/compiled_step.py):
-    XLA's cost analysis counts a loop body once whatever its trip count, so the looped loss
-    shows one tile of its forward and one of its backward. Unrolled, the compiler would see
-    the backward's recomputed tile logits equal to the forward's and compute them once (a
-    program that keeps every tile's logits, unlike the looped one): an optimisation barrier
-    on the backward's hidden states keeps the recomputation, so the unrolled program does
-    the looped program's arithmetic."""
+    XLA's cost analysis counts a loop body once whatever its trip count, so a looped loss
+    shows one tile. Unrolled, the compiler would see the vocabulary tiles' backward's
+    recomputed logits equal to the forward's and compute them once (a program that keeps
+    every tile's logits, unlike the looped one): an optimisation barrier on the backward's
+    hidden states keeps the recomputation, so the unrolled program does the looped
+    program's arithmetic. The token tiles recompute nothing and need no barrier."""
     token = _UNROLL_TILES.set(True)
     try:
         yield
@@ -176,3 +177,137 @@ def _tiled_sums_bwd(chunk, residuals, cotangents):
 
 
 _tiled_sums.defvjp(_tiled_sums_fwd, _tiled_sums_bwd)
+
+
+def token_tiled_cross_entropy(x: jax.Array, table: jax.Array, targets: jax.Array,
+                              mask: jax.Array, z_loss: float = 0.0, chunk_size: int = 2048
+                              ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """`cross_entropy(x @ table.T, ...)` a few sequence positions at a time, with the
+    gradient computed in the forward pass (as Liger-Kernel's fused linear cross-entropy).
+
+    The sequence is cut into tiles of `chunk_size` positions (every batch row in each tile,
+    so a tile keeps the batch's sharding). One tile's float32 logits [b, chunk, vocab] hold
+    whole rows of the softmax: its log-sum-exp, target logit and, for a unit cotangent of
+    the summed loss, its dlogits at once. The forward then writes the tile's dx in x's dtype
+    and adds the tile's table gradient (rounded to the table's dtype in the parameter's
+    layout, added up in float32): no logits are recomputed, the logits matmul runs once and
+    its two gradient matmuls once each, as in the plain loss. The backward only scales the
+    stored gradients by the incoming cotangent. Without a gradient (eval), the forward
+    computes the sums alone. nll and z_loss are reported with their gradient stopped; the
+    returned loss carries it.
+    """
+    seq = x.shape[1]
+    chunk = max(1, min(int(chunk_size), seq))
+    weights = mask.astype(_accumulator(x, table))
+    loss_sum, nll_sum, z_sum = _token_tiled_sums(x, table, targets, weights, chunk,
+                                                 float(z_loss))
+    denom = jnp.maximum(jnp.sum(weights), 1.0)
+    nll = jax.lax.stop_gradient(nll_sum) / denom
+    z = jax.lax.stop_gradient(z_sum) / denom
+    return loss_sum / denom, {"nll": nll, "z_loss": z, "tokens": jnp.sum(weights)}
+
+
+def _token_tile(a: jax.Array, i: jax.Array, chunk: int) -> tuple[jax.Array, jax.Array]:
+    """Positions [start, start + chunk) of a [b, s, ...] array and its first position; the
+    last tile is clamped to end at the sequence's end (see `_token_tile_weights`)."""
+    start = jnp.minimum(i * chunk, a.shape[1] - chunk)
+    return jax.lax.dynamic_slice_in_dim(a, start, chunk, axis=1), start
+
+
+def _token_tile_weights(weights: jax.Array, i: jax.Array, chunk: int) -> jax.Array:
+    """The tile's mask weights, 0 at the positions the clamped last tile shares with the
+    tile before it (counted there), so every position is counted once."""
+    w, start = _token_tile(weights, i, chunk)
+    own = start + jnp.arange(chunk) >= i * chunk
+    return jnp.where(own, w, 0.0)
+
+
+def _token_tile_stats(x_tile: jax.Array, table: jax.Array, targets_tile: jax.Array
+                      ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """A tile's float32 logits [b, chunk, vocab], their log-sum-exp and target logit."""
+    logits = jnp.einsum("bsd,vd->bsv", x_tile, table,
+                        preferred_element_type=_accumulator(x_tile, table))
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.take_along_axis(logits, targets_tile[..., None], axis=-1)[..., 0]
+    return logits, lse, target_logit
+
+
+def _token_tiles(seq: int, chunk: int) -> int:
+    return -(-seq // chunk)
+
+
+def _token_tiled_forward(x: jax.Array, table: jax.Array, targets: jax.Array,
+                         weights: jax.Array, chunk: int, z_loss: float, with_grads: bool
+                         ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """(nll_sum, z_sum) and, with_grads, d(nll_sum + z_loss z_sum) / (dx, dtable)."""
+    acc = _accumulator(x, table)
+    tiles = _token_tiles(x.shape[1], chunk)
+
+    def body(i: jax.Array, carry: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+        nll_sum, z_sum, dx, dtable = carry
+        x_tile, start = _token_tile(x, i, chunk)
+        targets_tile, _ = _token_tile(targets, i, chunk)
+        w = _token_tile_weights(weights, i, chunk)
+        logits, lse, target_logit = _token_tile_stats(x_tile, table, targets_tile)
+        nll_sum = nll_sum + jnp.sum((lse - target_logit) * w)
+        z_sum = z_sum + jnp.sum(jnp.square(lse) * w)
+        if not with_grads:
+            return nll_sum, z_sum, dx, dtable
+        # d/dlogit_v of w (lse - logit_target) + z_loss w lse^2 = w ((1 + 2 z_loss lse) p_v
+        # - [v = target]).
+        p = jnp.exp(logits - lse[..., None])
+        hit = targets_tile[..., None] == jnp.arange(table.shape[0])
+        dlogits = (w * (1.0 + 2.0 * z_loss * lse))[..., None] * p - jnp.where(
+            hit, w[..., None], 0.0)
+        dlogits = dlogits.astype(x.dtype)
+        dx_tile = jnp.einsum("bsv,vd->bsd", dlogits, table, preferred_element_type=acc)
+        # The clamped last tile's shared positions carry 0 here: add, do not overwrite.
+        dx_tile = dx_tile.astype(x.dtype) + jax.lax.dynamic_slice_in_dim(dx, start, chunk, 1)
+        dx = jax.lax.dynamic_update_slice_in_dim(dx, dx_tile, start, axis=1)
+        # Summed over the tile's tokens in the table's dtype (float32 inside the matmul), in
+        # the table parameter's sharded layout: each tile's gradient is reduce-scattered in
+        # that dtype, then added up in float32 on the shard.
+        drows = constrain(jnp.einsum("bsv,bsd->vd", dlogits, x_tile,
+                                     preferred_element_type=table.dtype), TABLE_LAYOUT)
+        dtable = constrain(dtable + drows.astype(acc), TABLE_LAYOUT)
+        return nll_sum, z_sum, dx, dtable
+
+    zero = jnp.zeros((), acc)
+    if with_grads:
+        dx = jnp.zeros_like(x)
+        dtable = constrain(jnp.zeros(table.shape, acc), TABLE_LAYOUT)
+    else:
+        dx = dtable = zero
+    return jax.lax.fori_loop(0, tiles, body, (zero, zero, dx, dtable),
+                             unroll=_UNROLL_TILES.get())
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _token_tiled_sums(x: jax.Array, table: jax.Array, targets: jax.Array, weights: jax.Array,
+                      chunk: int, z_loss: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(nll_sum + z_loss z_sum, nll_sum, z_sum); only the first is differentiable."""
+    nll_sum, z_sum, _, _ = _token_tiled_forward(x, table, targets, weights, chunk, z_loss,
+                                                with_grads=False)
+    return nll_sum + z_loss * z_sum, nll_sum, z_sum
+
+
+def _token_tiled_sums_fwd(x: jax.Array, table: jax.Array, targets: jax.Array,
+                          weights: jax.Array, chunk: int, z_loss: float
+                          ) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+    nll_sum, z_sum, dx, dtable = _token_tiled_forward(x, table, targets, weights, chunk,
+                                                      z_loss, with_grads=True)
+    # A zero-size array of the table's dtype: residuals are arrays.
+    return (nll_sum + z_loss * z_sum, nll_sum, z_sum), (dx, dtable, jnp.zeros(0, table.dtype))
+
+
+def _token_tiled_sums_bwd(chunk: int, z_loss: float, residuals: tuple[jax.Array, ...],
+                          cotangents: tuple[jax.Array, ...]) -> tuple[jax.Array | None, ...]:
+    # nll_sum and z_sum are reported with their gradient stopped: their cotangents are 0.
+    dx, dtable, table_dtype = residuals
+    g = cotangents[0].astype(dtable.dtype)
+    dx = (dx.astype(dtable.dtype) * g).astype(dx.dtype)
+    dtable = constrain((dtable * g).astype(table_dtype.dtype), TABLE_LAYOUT)
+    return dx, dtable, None, None
+
+
+_token_tiled_sums.defvjp(_token_tiled_sums_fwd, _token_tiled_sums_bwd)

@@ -105,10 +105,13 @@ def _loss_fn(graphdef: nnx.GraphDef, config: Any) -> Callable[..., Any]:
         model = nnx.merge(graphdef, params)
         # Unpacked rows may leave out segment_ids / positions (then cuDNN attention applies).
         features = dict(positions=batch.get("positions"), segment_ids=batch.get("segment_ids"))
-        if train.get("loss_chunk_size", 0):  # the logits a vocabulary tile at a time
+        if train.get("loss_chunk_size", 0):  # the logits a tile at a time
             x, table, aux = model.features(batch["inputs"], **features)
-            loss, info = losses.chunked_cross_entropy(x, table, batch["targets"], batch["mask"],
-                                                      train.z_loss, train.loss_chunk_size)
+            chunked = (losses.token_tiled_cross_entropy
+                       if train.get("loss_tiles", "vocab") == "tokens"
+                       else losses.chunked_cross_entropy)
+            loss, info = chunked(x, table, batch["targets"], batch["mask"], train.z_loss,
+                                 train.loss_chunk_size)
         else:
             logits, aux = model(batch["inputs"], **features)
             loss, info = losses.cross_entropy(logits, batch["targets"], batch["mask"],

@@ -10,6 +10,7 @@ from typing import Any
 from gated_attention.config_checks import choice, require
 
 ON_NONFINITE = ("stop", "skip")
+LOSS_TILES = ("vocab", "tokens")  # the axis the chunked loss tiles (config_lib.train_section)
 
 
 def check_section(train: Any) -> None:
@@ -41,8 +42,9 @@ def check_section(train: Any) -> None:
             f"train.telemetry_every={every!r} must be an integer >= 0 (0 = off)")
     chunk = train.get("loss_chunk_size", 0)
     require(isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 0,
-            f"train.loss_chunk_size={chunk!r} must be an integer >= 0 (vocabulary entries per "
-            "tile of the chunked loss; 0 = the plain loss)")
+            f"train.loss_chunk_size={chunk!r} must be an integer >= 0 (entries per tile of the "
+            "chunked loss along train.loss_tiles; 0 = the plain loss)")
+    choice("train.loss_tiles", train.get("loss_tiles", "vocab"), LOSS_TILES)
     for name in ("step_timeout_s", "first_step_timeout_s"):
         require(train.get(name, 0.0) >= 0,
                 f"train.{name}={train.get(name)} must be >= 0 seconds (0 turns the watchdog off)")

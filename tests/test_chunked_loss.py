@@ -1,6 +1,9 @@
-"""The chunked cross-entropy (losses.chunked_cross_entropy) against a float64 numpy
-reference: values and gradients with z-loss and masked positions, a vocabulary the tile does
-not divide (the clamped last tile), and the train loss of a tiny model through either path."""
+"""The chunked cross-entropies against a float64 numpy reference: vocabulary tiles
+(losses.chunked_cross_entropy) and token tiles (losses.token_tiled_cross_entropy, its
+gradient computed in the forward pass): values and gradients with z-loss and masked
+positions, a vocabulary or sequence the tile does not divide (the clamped last tile), the
+token tiles' primal (eval) path without gradient matmuls, and the train loss of a tiny model
+through each path."""
 
 import jax
 import jax.numpy as jnp
@@ -87,6 +90,84 @@ def test_bfloat16_gradients_stay_close_to_float64():
     assert np.abs(np.asarray(dx, np.float64) - want_dx).max() < 0.02 * np.abs(want_dx).max()
 
 
+@pytest.mark.parametrize("chunk", [3, 5, 8, 64, 1])
+def test_token_tiles_match_a_float64_reference(chunk):
+    """Sequence 8: tiles of 3 and 5 positions leave a clamped last tile, 8 and 64 are one."""
+    x, table, targets, mask = problem()
+    want_loss, want_dx, want_dtable = numpy_loss_and_grads(x, table, targets, mask, 0.01)
+
+    def loss(x, table):
+        return losses.token_tiled_cross_entropy(x, table, jnp.asarray(targets),
+                                                jnp.asarray(mask), z_loss=0.01,
+                                                chunk_size=chunk)[0]
+
+    with jax.enable_x64(True):
+        value, (dx, dtable) = jax.value_and_grad(loss, argnums=(0, 1))(
+            jnp.asarray(x, jnp.float64), jnp.asarray(table, jnp.float64))
+        np.testing.assert_allclose(value, want_loss, rtol=1e-12)
+        np.testing.assert_allclose(dx, want_dx, rtol=1e-10, atol=1e-14)
+        np.testing.assert_allclose(dtable, want_dtable, rtol=1e-10, atol=1e-14)
+        # the primal path (no gradient asked for) gives the same value
+        np.testing.assert_allclose(loss(jnp.asarray(x, jnp.float64),
+                                        jnp.asarray(table, jnp.float64)), want_loss, rtol=1e-12)
+    value, (dx, dtable) = jax.value_and_grad(loss, argnums=(0, 1))(
+        jnp.asarray(x, jnp.float32), jnp.asarray(table, jnp.float32))
+    np.testing.assert_allclose(value, want_loss, rtol=1e-5)
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(dtable, want_dtable, rtol=1e-4, atol=1e-6)
+
+
+def test_token_tiles_reported_parts_match_the_plain_loss():
+    x, table, targets, mask = problem(seed=1, s=11)
+    x, table = jnp.asarray(x, jnp.float32), jnp.asarray(table, jnp.float32)
+    targets, mask = jnp.asarray(targets), jnp.asarray(mask)
+    logits = jnp.einsum("bsd,vd->bsv", x, table)
+    plain_loss, plain = losses.cross_entropy(logits, targets, mask, z_loss=0.1)
+    tiled_loss, tiled = losses.token_tiled_cross_entropy(x, table, targets, mask, z_loss=0.1,
+                                                         chunk_size=4)
+    np.testing.assert_allclose(tiled_loss, plain_loss, rtol=1e-6)
+    for name in ("nll", "z_loss", "tokens"):
+        np.testing.assert_allclose(tiled[name], plain[name], rtol=1e-6)
+
+
+def test_token_tiles_reported_parts_carry_no_gradient():
+    """Only the returned loss is differentiable; nll and z_loss are reports."""
+    x, table, targets, mask = (jnp.asarray(a) for a in problem(seed=3))
+    dx = jax.grad(lambda x: losses.token_tiled_cross_entropy(
+        x, table, targets, mask, z_loss=0.1, chunk_size=3)[1]["nll"])(x)
+    assert not np.any(dx)
+
+
+def count_dots(fn, *args) -> int:
+    return str(jax.make_jaxpr(fn)(*args)).count("dot_general")
+
+
+def test_token_tiles_primal_path_computes_no_gradients():
+    """Evaluated without a gradient, a tile is one logits matmul; with one, the forward adds
+    the two gradient matmuls (dx, dtable) and the backward none (no recomputed logits)."""
+    x, table, targets, mask = (jnp.asarray(a, jnp.float32) if a.dtype.kind == "f"
+                               else jnp.asarray(a) for a in problem(seed=4))
+
+    def loss(x, table):
+        return losses.token_tiled_cross_entropy(x, table, targets, mask, z_loss=0.01,
+                                                chunk_size=3)[0]
+
+    assert count_dots(loss, x, table) == 1
+    assert count_dots(jax.grad(loss, argnums=(0, 1)), x, table) == 3
+
+
+def test_token_tiles_bfloat16_gradients_stay_close_to_float64():
+    x, table, targets, mask = problem(seed=2, vocab=300, d=32, s=40)
+    _, want_dx, want_dtable = numpy_loss_and_grads(x, table, targets, mask, 0.0)
+    dx, dtable = jax.grad(lambda x, t: losses.token_tiled_cross_entropy(
+        x, t, jnp.asarray(targets), jnp.asarray(mask), chunk_size=16)[0], argnums=(0, 1))(
+        jnp.asarray(x, jnp.bfloat16), jnp.asarray(table, jnp.bfloat16))
+    assert dx.dtype == jnp.bfloat16 and dtable.dtype == jnp.bfloat16
+    scale = np.abs(want_dtable).max()
+    assert np.abs(np.asarray(dtable, np.float64) - want_dtable).max() < 0.02 * scale
+    assert np.abs(np.asarray(dx, np.float64) - want_dx).max() < 0.02 * np.abs(want_dx).max()
+
+
 def tiny_config(**train_fields):
     config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
     config.model.num_layers = 2
@@ -96,8 +177,10 @@ def tiny_config(**train_fields):
     return config
 
 
-def test_train_loss_and_gradients_match_the_plain_loss():
-    """Through the model (tied embedding): the loss train.py takes, either path."""
+@pytest.mark.parametrize("tiles, chunk", [("vocab", 128), ("tokens", 12), ("tokens", 32)])
+def test_train_loss_and_gradients_match_the_plain_loss(tiles, chunk):
+    """Through the model (tied embedding): the loss train.py takes, either path (sequence 32:
+    token tiles of 12 positions leave a clamped last tile)."""
     config = tiny_config()
     cfg = config_lib.model_config(config)
     graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(params=0)))
@@ -106,17 +189,47 @@ def test_train_loss_and_gradients_match_the_plain_loss():
     batch = {"inputs": tokens, "targets": jnp.roll(tokens, -1, axis=1),
              "mask": jnp.asarray(rng.random((2, 32)) > 0.2)}
     results = []
-    for chunk in (0, 128):
+    for chunk_size in (0, chunk):
         with config.unlocked():
-            config.train.loss_chunk_size = chunk
+            config.train.update(loss_chunk_size=chunk_size, loss_tiles=tiles)
+        config_lib.validate_run_config(config)
         loss_fn = train._loss_fn(graphdef, config)
         (loss, info), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+        eval_loss, eval_info = jax.jit(loss_fn)(params, batch)  # the primal path
+        np.testing.assert_allclose(eval_loss, loss, rtol=1e-6)
+        np.testing.assert_allclose(eval_info["nll"], info["nll"], rtol=1e-6)
         results.append((loss, info, grads))
     (plain, plain_info, plain_grads), (chunked, chunked_info, chunked_grads) = results
     np.testing.assert_allclose(chunked, plain, rtol=1e-5)
-    np.testing.assert_allclose(chunked_info["z_loss"], plain_info["z_loss"], rtol=1e-5)
+    for name in ("nll", "z_loss", "tokens"):
+        np.testing.assert_allclose(chunked_info[name], plain_info[name], rtol=1e-5)
     for a, b in zip(jax.tree.leaves(plain_grads), jax.tree.leaves(chunked_grads)):
         np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-6)
+
+
+def test_a_config_saved_without_loss_tiles_tiles_the_vocabulary(monkeypatch):
+    """Configs written before train.loss_tiles existed load and keep their meaning."""
+    config = tiny_config(loss_chunk_size=128)
+    with config.unlocked():
+        del config.train["loss_tiles"]
+    config_lib.validate_run_config(config)
+    called = []
+    monkeypatch.setattr(losses, "chunked_cross_entropy",
+                        lambda *args: called.append(args) or (jnp.zeros(()), {}))
+    cfg = config_lib.model_config(config)
+    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(params=0)))
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    train._loss_fn(graphdef, config)(params, {"inputs": tokens, "targets": tokens,
+                                              "mask": tokens == 0})
+    assert len(called) == 1 and called[0][-1] == 128
+
+
+@pytest.mark.parametrize("bad", ["sequence", "", None])
+def test_bad_loss_tiles_are_refused_naming_the_field(bad):
+    config = tiny_config(loss_tiles=bad)
+    with pytest.raises(config_lib.ConfigError,
+                       match=r"^train.loss_tiles=.* is not allowed; choose one of vocab, tokens$"):
+        config_lib.validate_run_config(config)
 
 
 @pytest.mark.parametrize("bad", [-1, -8192])
@@ -130,5 +243,8 @@ def test_bad_chunk_sizes_are_refused_naming_the_field(bad):
 
 def test_paper_recipes_chunk_the_loss():
     for arch in ("dense_1p7b_28l", "dense_1p7b_48l", "moe_15a2b"):
-        assert config_lib.base_config(arch).train.loss_chunk_size == config_lib.PAPER_LOSS_CHUNK
+        train_section = config_lib.base_config(arch).train
+        assert train_section.loss_chunk_size == config_lib.PAPER_LOSS_CHUNK
+        assert train_section.loss_tiles == config_lib.PAPER_LOSS_TILES == "tokens"
     assert config_lib.base_config("tiny").train.loss_chunk_size == 0
+    assert config_lib.base_config("tiny").train.loss_tiles == "vocab"

@@ -1,9 +1,10 @@
 """benchmarks/compiled_step.py and the lean step's compiled program, for a TPU target
 (libtpu, deviceless): the 1-/2-layer extrapolation against a 3-layer compile, the chunked
 loss's tiles each counted (its FLOPs those of the plain loss plus the backward's recomputed
-logits, by hand; counted once per loop, as XLA does, they fall short: the control), no
-float32 [batch, seq, vocab] logits in a chunked-loss step (the plain loss's step holds them:
-the control), the tied embedding's gradient kept per device as the parameter's shard in
+logits, by hand; counted once per loop, as XLA does, they fall short: the control), the
+token-tiled loss's FLOPs those of the plain loss (no recomputation), no float32
+[batch, seq, vocab] logits in a step with either chunked loss (the plain loss's step holds
+them: the control), the tied embedding's gradient kept per device as the parameter's shard in
 bfloat16 (no whole [vocab, d_model] copy in float32), and no float32 copy of q or k stored
 by QK-norm and RoPE (two separate steps store one: the control)."""
 
@@ -22,17 +23,22 @@ from gated_attention.target_compile import compile_step, tpu_mesh
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import compiled_step  # noqa: E402 - benchmarks/compiled_step.py
 
-pytestmark = pytest.mark.slow  # seven TPU compiles of a tiny model: about 100 s
+pytestmark = pytest.mark.slow  # ten TPU compiles of a tiny model: about 150 s
 VOCAB, D_MODEL, SEQ, BATCH, FSDP = 1024, 128, 256, 8, 4
 LOGITS = f"f32[{BATCH // FSDP},{SEQ},{VOCAB}]"  # one device's share of whole float32 logits
 
 
-def tiny_config(loss_chunk_size: int, layers: int, scan_layers: bool = False):
+TOKEN_TILE = 64  # sequence positions per tile of the token-tiled loss: SEQ / 64 = 4 tiles
+
+
+def tiny_config(loss_chunk_size: int, layers: int, scan_layers: bool = False,
+                loss_tiles: str = "vocab"):
     config = config_lib.base_config("tiny", "baseline")
     config.model.update(dtype="bfloat16", attention_impl="xla", num_layers=layers,
                         scan_layers=scan_layers)
     config.mesh.update(fsdp=FSDP, data=1)
-    config.train.update(batch_size=BATCH, eval_every=0, loss_chunk_size=loss_chunk_size)
+    config.train.update(batch_size=BATCH, eval_every=0, loss_chunk_size=loss_chunk_size,
+                        loss_tiles=loss_tiles)
     return config
 
 
@@ -45,6 +51,13 @@ def mesh():
 def chunked(mesh):
     hlo: dict[str, str] = {}
     return compiled_step.measure(tiny_config(256, layers=3, scan_layers=True), mesh, hlo), hlo
+
+
+@pytest.fixture(scope="module")
+def token_tiled(mesh):
+    hlo: dict[str, str] = {}
+    config = tiny_config(TOKEN_TILE, layers=3, scan_layers=True, loss_tiles="tokens")
+    return compiled_step.measure(config, mesh, hlo), hlo
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +101,26 @@ def test_chunked_loss_flops_count_every_vocabulary_tile(chunked, plain):
     looped = result["full_compile"]["flops"] + 2 * result["flops"]["per_layer"]
     assert reference - looped > 2 * logits_matmul  # 4 x (1 - 1/4) matmuls missing
     assert "loops counted once (trips)  " in compiled_step.format_table({"chunked": result})
+
+
+def test_token_tiled_loss_flops_are_the_plain_losss(token_tiled, plain):
+    """The gradient computed in the forward pass: the logits matmul once and its two
+    gradient matmuls, as the plain loss, with every tile counted (one loop of SEQ / 64 = 4
+    tiles in the step as compiled, beside the layers' scan)."""
+    result, hlo = token_tiled
+    assert sorted(compiled_step.loops(hlo["full"])) == [3, 3, SEQ // TOKEN_TILE]
+    assert compiled_step.loops(hlo["u1"]) == [] and result["loops_counted_once"] == []
+    assert result["flops"]["full"] == pytest.approx(plain[0]["flops"]["full"], rel=0.01)
+
+
+def test_token_tiled_loss_step_holds_no_whole_float32_logits(token_tiled):
+    _, hlo = token_tiled
+    assert LOGITS not in hlo["full"]
+    # the loss works a few positions at a time, over the whole vocabulary
+    assert f"f32[{BATCH // FSDP},{TOKEN_TILE},{VOCAB}]" in hlo["full"]
+    # the table's gradient: the bfloat16 shard per tile, added up on the float32 shard
+    assert f"bf16[{VOCAB},{D_MODEL // FSDP}]" in hlo["full"]
+    assert f"f32[{VOCAB},{D_MODEL}]" not in hlo["full"]
 
 
 def test_chunked_loss_step_holds_no_whole_float32_logits(chunked, plain):
