@@ -78,10 +78,12 @@ _CPU_MINUTES = {  # a run on a CPU in minutes, with a checkpoint and an eval eve
     "train.steps": 300, "train.batch_size": 16, "train.eval_every": 100,
     "train.checkpoint_every": 100, "optimizer.warmup_steps": 30,
 }
-# The paper recipes' chunked loss: token tiles of 2048 sequence positions, the gradient
-# computed in the forward pass (benchmarks/RESULTS.md: at the 1.7B on v5p-8 the FLOPs of the
-# plain loss, MaxText's, where vocabulary tiles add a recomputed logits matmul, +5.4%).
-PAPER_LOSS_TILES, PAPER_LOSS_CHUNK = "tokens", 2048
+# The paper recipes' chunked loss: vocabulary tiles of 8192 entries, whose live tile does not
+# grow with the rows per chip. Token tiles (train.loss_tiles=tokens) save the recomputed
+# logits matmul (-5.2% FLOPs at the 1.7B on v5p-8, benchmarks/RESULTS.md) but hold
+# 4 x rows x chunk x vocab bytes at once: +2.4 GB per chip at 4 rows and 2048 positions,
+# more than the 0.7 GiB the MoE's smallest v6e slice has left.
+PAPER_LOSS_TILES, PAPER_LOSS_CHUNK = "vocab", 8192
 _PAPER_SCALE = {  # FSDP over every chip, 1024 sequences a step, warm-up over 1,000 steps
     "model.remat": "dots_with_no_batch_dims_saveable", "train.batch_size": 1024,
     "train.eval_every": 1_000, "train.checkpoint_every": 1_000,

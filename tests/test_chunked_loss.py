@@ -245,6 +245,6 @@ def test_paper_recipes_chunk_the_loss():
     for arch in ("dense_1p7b_28l", "dense_1p7b_48l", "moe_15a2b"):
         train_section = config_lib.base_config(arch).train
         assert train_section.loss_chunk_size == config_lib.PAPER_LOSS_CHUNK
-        assert train_section.loss_tiles == config_lib.PAPER_LOSS_TILES == "tokens"
+        assert train_section.loss_tiles == config_lib.PAPER_LOSS_TILES == "vocab"
     assert config_lib.base_config("tiny").train.loss_chunk_size == 0
     assert config_lib.base_config("tiny").train.loss_tiles == "vocab"
