@@ -11,7 +11,9 @@ experts_per_token x expert_mlp_dim), each divided by the tensor-parallel size wh
     full / nothing_saveable:     p D                               (block input only)
 
 times L layers, plus one layer's "everything" while it is recomputed (remat only), plus the
-float32 logits and their gradient, 8 V bytes per token. attention_impl="xla" also keeps the
+loss's float32 logits and their gradient (`loss_bytes`): 8 V bytes per token for the plain
+loss, 8 x chunk per token for vocabulary tiles (train.loss_tiles=vocab), 8 V x chunk per
+batch row for token tiles. attention_impl="xla" also keeps the
 float32 S x S probabilities (4 H S per token and layer); flash kernels ("auto" on TPU/GPU) do
 not. Tokens per device = (batch_size / grad_accum / batch shards) x seq_len.
 
@@ -82,7 +84,6 @@ def activation_bytes_per_token(cfg: ModelConfig, axis_sizes: Mapping[str, int], 
     t_kv = _split(kv_heads, table.get("kv_heads"), axis_sizes)
     ffn = cfg.experts[1] * cfg.expert_mlp_dim if cfg.is_moe else cfg.mlp_dim
     t_f = _split(ffn, table.get("mlp"), axis_sizes)
-    t_v = _split(cfg.vocab_size, table.get("vocab"), axis_sizes)
     D, hd, kd = cfg.d_model, heads * cfg.head_dim / t_h, kv_heads * cfg.head_dim / t_kv
     G, F = gate_width(cfg) / t_h, ffn / t_f
     everything = p * (5 * D + 6 * hd + 6 * kd + 2 * G + 3 * F) + 4 * heads / t_h
@@ -92,20 +93,41 @@ def activation_bytes_per_token(cfg: ModelConfig, axis_sizes: Mapping[str, int], 
              "dots_with_no_batch_dims_saveable": p * (3 * D + hd + 2 * kd + G + 2 * F),
              "full": p * D, "nothing_saveable": p * D}[cfg.remat]
     recompute = 0.0 if cfg.remat == "none" else everything
-    return cfg.num_layers * saved + recompute + 8 * cfg.vocab_size / t_v
+    return cfg.num_layers * saved + recompute
+
+
+def loss_bytes(cfg: ModelConfig, axis_sizes: Mapping[str, int], rows: int, seq_len: int,
+               loss_tiles: str = "vocab", loss_chunk: int = 0,
+               rules: sharding.Rules = sharding.LOGICAL_RULES) -> int:
+    """The loss's live float32 logits and their gradient on one device, for `rows` sequences
+    of `seq_len` per device: whole ([rows, seq, V / vocab shards]) for the plain loss
+    (loss_chunk 0), one [rows, seq, chunk] vocabulary tile, or one [rows, chunk, V / vocab
+    shards] token tile (losses.chunked_cross_entropy / token_tiled_cross_entropy)."""
+    vocab = cfg.vocab_size / _split(cfg.vocab_size, dict(rules).get("vocab"), axis_sizes)
+    if not loss_chunk:
+        return round(8 * rows * seq_len * vocab)
+    if loss_tiles == "tokens":
+        return round(8 * rows * min(loss_chunk, seq_len) * vocab)
+    return 8 * rows * seq_len * min(loss_chunk, cfg.vocab_size)
 
 
 def per_device(cfg: ModelConfig, axis_sizes: Mapping[str, int], *, batch_size: int,
-               grad_accum: int, seq_len: int,
+               grad_accum: int, seq_len: int, loss_tiles: str = "vocab", loss_chunk: int = 0,
                rules: sharding.Rules = sharding.LOGICAL_RULES) -> dict[str, Any]:
-    """Bytes per device: parameters, gradients, AdamW moments, activations, and the total."""
+    """Bytes per device: parameters, gradients, AdamW moments, activations (the loss's logits
+    among them, and what the plain loss would hold instead), and the total."""
     micro = batch_size // grad_accum
     batch_shards = _split(micro, dict(rules).get("batch"), axis_sizes)
-    tokens = micro // batch_shards * seq_len
+    rows = micro // batch_shards
+    tokens = rows * seq_len
     params = parameter_bytes(cfg, axis_sizes, rules)
-    activations = round(tokens * activation_bytes_per_token(cfg, axis_sizes, seq_len, rules))
+    loss = loss_bytes(cfg, axis_sizes, rows, seq_len, loss_tiles, loss_chunk, rules)
+    activations = round(tokens * activation_bytes_per_token(cfg, axis_sizes, seq_len, rules)) \
+        + loss
     out = {"params": params, "grads": params, "optimizer_state": 2 * params,
-           "activations": activations, "tokens_per_device": tokens, "remat": cfg.remat}
+           "activations": activations, "loss_logits": loss,
+           "loss_logits_plain": loss_bytes(cfg, axis_sizes, rows, seq_len, rules=rules),
+           "tokens_per_device": tokens, "remat": cfg.remat}
     out["total"] = 4 * params + activations
     out["fits_on"] = [name for name, hbm in ACCELERATORS.items() if out["total"] <= 0.9 * hbm]
     return out
@@ -154,7 +176,9 @@ def report(config: Any, mesh_flag: str = "", num_devices: int | None = None,
     rules = sharding.rules_from_config(config.mesh)
     info = per_device(model_config(config), axis_sizes, batch_size=config.train.batch_size,
                       grad_accum=config.train.get("grad_accum", 1),
-                      seq_len=config.data.seq_len, rules=rules)
+                      seq_len=config.data.seq_len,
+                      loss_tiles=config.train.get("loss_tiles", "vocab"),
+                      loss_chunk=config.train.get("loss_chunk_size", 0), rules=rules)
     if compiled is not None:
         info["compiled_train_step"] = compiled
     return {"mesh": axis_sizes, **info}
@@ -171,6 +195,11 @@ def format_rows(info: Mapping[str, Any]) -> list[tuple[str, str]]:
         rows.append((f"  {key}", _human(info[key])))
     rows.append((f"  activations: remat={info['remat']}, tokens/device",
                  f"{info['tokens_per_device']:,}"))
+    if "loss_logits" in info:
+        saved = info["loss_logits_plain"] - info["loss_logits"]
+        rows.append(("  of which the loss's float32 logits and gradient", _human(
+            info["loss_logits"]) + (f" (the plain loss: {_human(info['loss_logits_plain'])}, "
+                                    f"{_human(saved)} more)" if saved else "")))
     rows.append(("  fits on (90% of HBM)", ", ".join(info["fits_on"]) or "none listed"))
     compiled = info.get("compiled_train_step")
     if compiled:

@@ -249,5 +249,20 @@ def test_memory_plan_matches_hand_count():
     assert info["activations"] == 16 * per_token
     assert info["optimizer_state"] == 2 * info["params"]
     assert info["total"] == 4 * info["params"] + info["activations"]
+    assert info["loss_logits"] == info["loss_logits_plain"] == 16 * 8 * 256
+    # The chunked loss holds one tile: [1 row, 16 positions, 64 entries] of the vocabulary,
+    # or [1 row, 4 positions, 256] of the sequence; the plain loss's figure stays beside it.
+    for tiles, chunk, live in (("vocab", 64, 16 * 64), ("tokens", 4, 4 * 256),
+                               ("tokens", 64, 16 * 256), ("vocab", 0, 16 * 256)):
+        chunked = memory.per_device(cfg.replace(remat="full"), {"data": 2, "fsdp": 4,
+                                                                "tensor": 1, "expert": 1},
+                                    batch_size=8, grad_accum=1, seq_len=16, loss_tiles=tiles,
+                                    loss_chunk=chunk)
+        assert (chunked["loss_logits"], chunked["loss_logits_plain"]) == (8 * live, 8 * 4096)
+        assert chunked["activations"] == 16 * (per_token - 8 * 256) + 8 * live
+    rows = dict(memory.format_rows({**info, "mesh": {"data": 2}, "fits_on": [],
+                                    "loss_logits": 8 * 2**20, "loss_logits_plain": 32 * 2**20}))
+    assert rows["  of which the loss's float32 logits and gradient"] == (
+        "8.0 MiB (the plain loss: 32.0 MiB, 24.0 MiB more)")
     with pytest.raises(ValueError, match="--mesh part 'model=2' must look like axis=size"):
         memory.parse_mesh_flag("data=1,model=2")
