@@ -23,6 +23,7 @@ from gcs_server import gcs_bucket  # noqa: F401  (fixture)
 from test_supervisor import Pod, bucket_objects, fresh, supervisor_output, wait_for
 
 from experiments import run_grid
+from gated_attention import paths
 from gated_attention.pods import claims
 
 
@@ -108,22 +109,26 @@ def test_config_paths_are_recorded_relative_to_the_repository(tmp_path):
 
 
 # Each worker's stand-in training: it first waits for the slice's other workers (as a real
-# multi-host run does in jax.distributed's rendezvous: no worker finishes a run alone), then a
-# few seconds of "steps", then one line per finished attempt in the run's workdir (worker and
-# slice named); SIGTERM ends it unfinished. The rendezvous folder sits beside the workers'
-# homes, so it goes with the VM: a recreated slice meets afresh.
+# multi-host run does in jax.distributed's rendezvous), then a few seconds of "steps", then
+# one file per finished attempt in the run's workdir, named by worker and holding the slice
+# and the attempt (the launch's coordinator port: each launch of a job gets a fresh one);
+# SIGTERM ends it unfinished. The rendezvous folder sits beside the workers' homes and is
+# named by run and launch, so a recreated slice or a relaunch meets afresh (a folder shared
+# by two launches on one VM would let a worker pass the second rendezvous alone).
 FAKE_TRAIN = "{python} -c " + shlex.quote("""
 import os, pathlib, sys, time
 from gated_attention import paths
 worker, workdir = os.environ["TPU_WORKER_ID"], sys.argv[1]
-meet = pathlib.Path(os.environ["HOME"]).parent / ("meet-" + workdir.rsplit("/", 1)[1])
+attempt = os.environ["JAX_COORDINATOR_ADDRESS"].rsplit(":", 1)[1]
+meet = pathlib.Path(os.environ["HOME"]).parent / (
+    "meet-" + workdir.rsplit("/", 1)[1] + "-" + attempt)
 meet.mkdir(exist_ok=True)
 (meet / worker).touch()
 while len(list(meet.iterdir())) < int(os.environ["JAX_NUM_PROCESSES"]):
     time.sleep(0.1)
 time.sleep(4)
 paths.write_atomic(f"{workdir}/finished-{worker}-{time.time_ns()}",
-                   os.environ["GCLOUD_STANDIN_VM"])
+                   os.environ["GCLOUD_STANDIN_VM"] + " " + attempt)
 """).replace("{", "{{").replace("}", "}}") + " {workdir}"
 
 
@@ -156,9 +161,18 @@ def test_a_grid_on_two_slices_one_preempted_finishes_every_run_once(tmp_path,
                for r in runs}
     assert set(holders.values()) <= {"slice-a", "slice-b"}
     for run in runs:
-        finished = [p for p in bucket_objects(f"{root}/{run.name}") if "/finished-" in p]
-        workers = sorted(p.rsplit("/finished-", 1)[1].split("-")[0] for p in finished)
-        assert workers == ["0", "1"], (run.name, finished)  # each worker finished it once
+        # Each run trained to its end once: one attempt in which both workers finished. A
+        # preemption landing between the two workers' last writes leaves an attempt that one
+        # worker finished alone; the run is trained again, as a real one would be.
+        attempts: dict[str, list[str]] = {}
+        for path in bucket_objects(f"{root}/{run.name}"):
+            if "/finished-" in path:
+                worker = path.rsplit("/finished-", 1)[1].split("-")[0]
+                attempts.setdefault(paths.read_current(f"gs://{path}"), []).append(worker)
+        whole = [a for a, workers in attempts.items() if sorted(workers) == ["0", "1"]]
+        assert len(whole) == 1, (run.name, attempts)
+        assert all(len(w) == 1 for a, w in attempts.items() if a not in whole), (
+            run.name, attempts)
         status = run_grid.read_status(run_grid.paths.resolve(root), run.name)
         assert status["state"] == "done", status
     events = [json.loads(line) for line in run_grid.paths.resolve(
