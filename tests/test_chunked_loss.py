@@ -40,14 +40,23 @@ def problem(seed=0, b=2, s=8, d=16, vocab=37):
     return x, table, targets, mask
 
 
-@pytest.mark.parametrize("chunk", [8, 37, 64, 1])
-def test_values_and_gradients_match_a_float64_reference(chunk):
+# The two tilings (train.loss_tiles): vocabulary tiles recompute the logits in the backward,
+# token tiles compute the gradient in the forward.
+TILED = {"vocab": losses.chunked_cross_entropy, "tokens": losses.token_tiled_cross_entropy}
+
+
+@pytest.mark.parametrize("tiles, chunk", [("vocab", 8), ("vocab", 37), ("vocab", 64),
+                                          ("vocab", 1), ("tokens", 3), ("tokens", 5),
+                                          ("tokens", 8), ("tokens", 64), ("tokens", 1)])
+def test_values_and_gradients_match_a_float64_reference(tiles, chunk):
+    """Vocabulary 37 and sequence 8: tiles of 8, 3 and 5 leave a clamped last tile; 37, 64
+    and 8 (tokens) are one tile."""
     x, table, targets, mask = problem()
     want_loss, want_dx, want_dtable = numpy_loss_and_grads(x, table, targets, mask, 0.01)
 
     def loss(x, table):
-        return losses.chunked_cross_entropy(x, table, jnp.asarray(targets), jnp.asarray(mask),
-                                            z_loss=0.01, chunk_size=chunk)[0]
+        return TILED[tiles](x, table, jnp.asarray(targets), jnp.asarray(mask), z_loss=0.01,
+                            chunk_size=chunk)[0]
 
     with jax.enable_x64(True):  # float64 through the chunked code: agreement to rounding
         value, (dx, dtable) = jax.value_and_grad(loss, argnums=(0, 1))(
@@ -55,6 +64,9 @@ def test_values_and_gradients_match_a_float64_reference(chunk):
         np.testing.assert_allclose(value, want_loss, rtol=1e-12)
         np.testing.assert_allclose(dx, want_dx, rtol=1e-10, atol=1e-14)
         np.testing.assert_allclose(dtable, want_dtable, rtol=1e-10, atol=1e-14)
+        # the primal path (no gradient asked for) gives the same value
+        np.testing.assert_allclose(loss(jnp.asarray(x, jnp.float64),
+                                        jnp.asarray(table, jnp.float64)), want_loss, rtol=1e-12)
     # float32, as training runs it
     value, (dx, dtable) = jax.value_and_grad(loss, argnums=(0, 1))(
         jnp.asarray(x, jnp.float32), jnp.asarray(table, jnp.float32))
@@ -63,17 +75,17 @@ def test_values_and_gradients_match_a_float64_reference(chunk):
     np.testing.assert_allclose(dtable, want_dtable, rtol=1e-4, atol=1e-6)
 
 
-def test_reported_parts_match_the_plain_loss():
-    x, table, targets, mask = problem(seed=1)
+@pytest.mark.parametrize("tiles, chunk", [("vocab", 10), ("tokens", 4)])
+def test_reported_parts_match_the_plain_loss(tiles, chunk):
+    x, table, targets, mask = problem(seed=1, s=11)
     x, table = jnp.asarray(x, jnp.float32), jnp.asarray(table, jnp.float32)
     targets, mask = jnp.asarray(targets), jnp.asarray(mask)
     logits = jnp.einsum("bsd,vd->bsv", x, table)
     plain_loss, plain = losses.cross_entropy(logits, targets, mask, z_loss=0.1)
-    chunked_loss, chunked = losses.chunked_cross_entropy(x, table, targets, mask, z_loss=0.1,
-                                                         chunk_size=10)
-    np.testing.assert_allclose(chunked_loss, plain_loss, rtol=1e-6)
+    tiled_loss, tiled = TILED[tiles](x, table, targets, mask, z_loss=0.1, chunk_size=chunk)
+    np.testing.assert_allclose(tiled_loss, plain_loss, rtol=1e-6)
     for name in ("nll", "z_loss", "tokens"):
-        np.testing.assert_allclose(chunked[name], plain[name], rtol=1e-6)
+        np.testing.assert_allclose(tiled[name], plain[name], rtol=1e-6)
 
 
 def test_bfloat16_gradients_stay_close_to_float64():
@@ -88,46 +100,6 @@ def test_bfloat16_gradients_stay_close_to_float64():
     scale = np.abs(want_dtable).max()
     assert np.abs(np.asarray(dtable, np.float64) - want_dtable).max() < 0.02 * scale
     assert np.abs(np.asarray(dx, np.float64) - want_dx).max() < 0.02 * np.abs(want_dx).max()
-
-
-@pytest.mark.parametrize("chunk", [3, 5, 8, 64, 1])
-def test_token_tiles_match_a_float64_reference(chunk):
-    """Sequence 8: tiles of 3 and 5 positions leave a clamped last tile, 8 and 64 are one."""
-    x, table, targets, mask = problem()
-    want_loss, want_dx, want_dtable = numpy_loss_and_grads(x, table, targets, mask, 0.01)
-
-    def loss(x, table):
-        return losses.token_tiled_cross_entropy(x, table, jnp.asarray(targets),
-                                                jnp.asarray(mask), z_loss=0.01,
-                                                chunk_size=chunk)[0]
-
-    with jax.enable_x64(True):
-        value, (dx, dtable) = jax.value_and_grad(loss, argnums=(0, 1))(
-            jnp.asarray(x, jnp.float64), jnp.asarray(table, jnp.float64))
-        np.testing.assert_allclose(value, want_loss, rtol=1e-12)
-        np.testing.assert_allclose(dx, want_dx, rtol=1e-10, atol=1e-14)
-        np.testing.assert_allclose(dtable, want_dtable, rtol=1e-10, atol=1e-14)
-        # the primal path (no gradient asked for) gives the same value
-        np.testing.assert_allclose(loss(jnp.asarray(x, jnp.float64),
-                                        jnp.asarray(table, jnp.float64)), want_loss, rtol=1e-12)
-    value, (dx, dtable) = jax.value_and_grad(loss, argnums=(0, 1))(
-        jnp.asarray(x, jnp.float32), jnp.asarray(table, jnp.float32))
-    np.testing.assert_allclose(value, want_loss, rtol=1e-5)
-    np.testing.assert_allclose(dx, want_dx, rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(dtable, want_dtable, rtol=1e-4, atol=1e-6)
-
-
-def test_token_tiles_reported_parts_match_the_plain_loss():
-    x, table, targets, mask = problem(seed=1, s=11)
-    x, table = jnp.asarray(x, jnp.float32), jnp.asarray(table, jnp.float32)
-    targets, mask = jnp.asarray(targets), jnp.asarray(mask)
-    logits = jnp.einsum("bsd,vd->bsv", x, table)
-    plain_loss, plain = losses.cross_entropy(logits, targets, mask, z_loss=0.1)
-    tiled_loss, tiled = losses.token_tiled_cross_entropy(x, table, targets, mask, z_loss=0.1,
-                                                         chunk_size=4)
-    np.testing.assert_allclose(tiled_loss, plain_loss, rtol=1e-6)
-    for name in ("nll", "z_loss", "tokens"):
-        np.testing.assert_allclose(tiled[name], plain[name], rtol=1e-6)
 
 
 def test_token_tiles_reported_parts_carry_no_gradient():
