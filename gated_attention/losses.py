@@ -83,21 +83,21 @@ def _accumulator(x: jax.Array, table: jax.Array) -> jnp.dtype:
     return jnp.promote_types(jnp.float32, jnp.result_type(x, table))
 
 
-def _tiles(vocab: int, chunk: int) -> tuple[int, int]:
-    return -(-vocab // chunk), chunk
+def _tiles(size: int, chunk: int) -> tuple[int, int]:
+    return -(-size // chunk), chunk
 
 
-def _tile(table: jax.Array, i: jax.Array, chunk: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Tile i of the table, its first column and which of its columns are its own.
+def _tile(a: jax.Array, i: jax.Array, chunk: int, axis: int = 0
+          ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Tile i of `a` along `axis` (the table's vocabulary rows, or the sequence), its first
+    index and which of its entries are its own.
 
-    The last tile is clamped to end at the vocabulary's end (no padded copy of the table);
-    the columns it shares with the tile before it are not its own.
+    The last tile is clamped to end at the axis's end (no padded copy); the entries it shares
+    with the tile before it are not its own (counted there).
     """
-    vocab = table.shape[0]
-    start = jnp.minimum(i * chunk, vocab - chunk)
-    rows = jax.lax.dynamic_slice_in_dim(table, start, chunk, axis=0)
-    columns = start + jnp.arange(chunk)
-    return rows, start, columns >= i * chunk
+    start = jnp.minimum(i * chunk, a.shape[axis] - chunk)
+    part = jax.lax.dynamic_slice_in_dim(a, start, chunk, axis=axis)
+    return part, start, start + jnp.arange(chunk) >= i * chunk
 
 
 def _tile_logits(x: jax.Array, rows: jax.Array) -> jax.Array:
@@ -207,21 +207,6 @@ def token_tiled_cross_entropy(x: jax.Array, table: jax.Array, targets: jax.Array
     return loss_sum / denom, {"nll": nll, "z_loss": z, "tokens": jnp.sum(weights)}
 
 
-def _token_tile(a: jax.Array, i: jax.Array, chunk: int) -> tuple[jax.Array, jax.Array]:
-    """Positions [start, start + chunk) of a [b, s, ...] array and its first position; the
-    last tile is clamped to end at the sequence's end (see `_token_tile_weights`)."""
-    start = jnp.minimum(i * chunk, a.shape[1] - chunk)
-    return jax.lax.dynamic_slice_in_dim(a, start, chunk, axis=1), start
-
-
-def _token_tile_weights(weights: jax.Array, i: jax.Array, chunk: int) -> jax.Array:
-    """The tile's mask weights, 0 at the positions the clamped last tile shares with the
-    tile before it (counted there), so every position is counted once."""
-    w, start = _token_tile(weights, i, chunk)
-    own = start + jnp.arange(chunk) >= i * chunk
-    return jnp.where(own, w, 0.0)
-
-
 def _token_tile_stats(x_tile: jax.Array, table: jax.Array, targets_tile: jax.Array
                       ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """A tile's float32 logits [b, chunk, vocab], their log-sum-exp and target logit."""
@@ -232,22 +217,18 @@ def _token_tile_stats(x_tile: jax.Array, table: jax.Array, targets_tile: jax.Arr
     return logits, lse, target_logit
 
 
-def _token_tiles(seq: int, chunk: int) -> int:
-    return -(-seq // chunk)
-
-
 def _token_tiled_forward(x: jax.Array, table: jax.Array, targets: jax.Array,
                          weights: jax.Array, chunk: int, z_loss: float, with_grads: bool
                          ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """(nll_sum, z_sum) and, with_grads, d(nll_sum + z_loss z_sum) / (dx, dtable)."""
     acc = _accumulator(x, table)
-    tiles = _token_tiles(x.shape[1], chunk)
+    tiles, _ = _tiles(x.shape[1], chunk)
 
     def body(i: jax.Array, carry: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
         nll_sum, z_sum, dx, dtable = carry
-        x_tile, start = _token_tile(x, i, chunk)
-        targets_tile, _ = _token_tile(targets, i, chunk)
-        w = _token_tile_weights(weights, i, chunk)
+        x_tile, start, own = _tile(x, i, chunk, axis=1)
+        targets_tile = _tile(targets, i, chunk, axis=1)[0]
+        w = jnp.where(own, _tile(weights, i, chunk, axis=1)[0], 0.0)  # each position once
         logits, lse, target_logit = _token_tile_stats(x_tile, table, targets_tile)
         nll_sum = nll_sum + jnp.sum((lse - target_logit) * w)
         z_sum = z_sum + jnp.sum(jnp.square(lse) * w)
