@@ -35,6 +35,27 @@ import jax  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # test helpers such as numpy_reference
 
+# The processes the tests start (trainings, grids, pod workers) share one persistent
+# compilation cache for the session: many of them compile the same program (a resumed or
+# relaunched run, the same tiny config in several files), and a cached step loads in a
+# fraction of its compile. Set after jax's import, so it reaches only child processes: this
+# process compiles for TPU and GPU targets too, whose programs cannot be read back without a
+# client (see compilation_cache_stays_in_its_module). A test that wants its own cache, or
+# none, sets JAX_COMPILATION_CACHE_DIR in the environment it passes.
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+SHARED_CACHE_ENV = "GATED_ATTENTION_TEST_JAX_CACHE"
+if os.environ.get(SHARED_CACHE_ENV, "") != "off":
+    if not os.environ.get(SHARED_CACHE_ENV):  # the controller (xdist workers inherit it)
+        os.environ[SHARED_CACHE_ENV] = tempfile.mkdtemp(prefix="ga-test-jax-cache-")
+        OWN_SHARED_CACHE = os.environ[SHARED_CACHE_ENV]
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR") == os.environ[SHARED_CACHE_ENV]:
+        jax.config.update("jax_compilation_cache_dir", None)  # an xdist worker inherits it
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ[SHARED_CACHE_ENV])
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+
 import pytest  # noqa: E402
 
 # Optional packages some tests need, by the module a test imports, and how to install each;
@@ -82,6 +103,12 @@ def pytest_runtest_setup(item):
 import durations  # noqa: E402
 
 MEASURED = durations.Measured(durations.load())
+
+
+def pytest_unconfigure(config):
+    """The session's shared compilation cache goes with the process that made it."""
+    if "OWN_SHARED_CACHE" in globals():
+        shutil.rmtree(OWN_SHARED_CACHE, ignore_errors=True)
 
 
 def pytest_configure(config):
