@@ -247,7 +247,10 @@ def test_micro_batched_eval_sums_to_the_whole_batch_eval():
     from gated_attention.model import build_model
 
     config = config_lib.base_config("tiny", "g1_sdpa_headwise")
-    config.model.num_layers = 2
+    # A small model: the sums' equality does not depend on its size (the tiny arch's own
+    # 4 x 128 with 8,192 tokens cost 15 CPU-s here, mostly its init and the whole-batch eval).
+    config.model.update(dict(num_layers=2, d_model=32, num_heads=2, num_kv_heads=1,
+                             head_dim=16, mlp_dim=64, vocab_size=260))
     model = build_model(config_lib.model_config(config), seed=1)
     graphdef, params = nnx.split(model)
     rng = np.random.default_rng(0)
@@ -256,7 +259,7 @@ def test_micro_batched_eval_sums_to_the_whole_batch_eval():
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "mask": mask,
              "positions": np.broadcast_to(np.arange(16), (8, 16)),
              "segment_ids": np.ones((8, 16), np.int32)}
-    whole = train.make_eval_step(graphdef)(params, batch)
+    whole = jax.jit(train.make_eval_step(graphdef))(params, batch)
     pieces = jax.jit(train.make_eval_step(graphdef, micro_batches=4))(params, batch)
     assert float(pieces["tokens"]) == float(mask.sum())
     np.testing.assert_allclose(float(pieces["nll_sum"]), float(whole["nll_sum"]), rtol=1e-5)
@@ -272,7 +275,8 @@ def test_micro_batched_eval_of_a_scanned_model_traces():
     from gated_attention.model import build_model, per_layer
 
     config = config_lib.base_config("tiny", "baseline")
-    config.model.num_layers = 2
+    config.model.update(dict(num_layers=2, d_model=32, num_heads=2, num_kv_heads=1,
+                             head_dim=16, mlp_dim=64, vocab_size=260))
     cfg = config_lib.model_config(config)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, config.model.vocab_size, (4, 9))
