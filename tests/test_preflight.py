@@ -16,7 +16,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from gated_attention import config_lib, memory, preflight
+from gated_attention import config_lib, memory, preflight, target_compile
 from gated_attention.tpu_topologies import AcceleratorError, parse_accelerator, torus_layout
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,7 +141,21 @@ def test_report_dump_and_verdict(tiny_train_step, tmp_path, monkeypatch):
     assert "train step: refused by the compiler: RESOURCE_EXHAUSTED" in \
         preflight.format_report(oom)
     monkeypatch.setattr(preflight, "compile_step", lambda *a, **k: step)
-    # inspect --mesh --accelerator shows the compiler's figure next to the estimate.
+    # inspect --mesh --accelerator shows the compiler's figure next to the estimate. Its
+    # compile is the fixture's program (the same config on the same v5e:2x2 mesh): handed the
+    # fixture's step instead of compiling it a second time (13 of this file's 29 CPU-s).
+    asked = []
+
+    def devices(mesh):
+        return dict(mesh.shape), [(d.id, d.device_kind) for d in mesh.devices.flat]
+
+    def same_program(config_, mesh_, name, **kwargs):
+        asked.append((config_.to_dict(), devices(mesh_), name, kwargs))
+        return step
+
+    monkeypatch.setattr(target_compile, "compile_step", same_program)
     section = memory.report(config, "", None, accelerator="v5litepod-4")
+    mesh = tiny_train_step[1]
+    assert asked == [(config.to_dict(), devices(mesh), "train", {})]
     assert section["compiled_train_step"]["total"] == step.memory["total"]
     assert section["mesh"]["data"] == 4
