@@ -5,6 +5,8 @@ positions, a vocabulary or sequence the tile does not divide (the clamped last t
 token tiles' primal (eval) path without gradient matmuls, and the train loss of a tiny model
 through each path."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -138,29 +140,47 @@ def tiny_config(**train_fields):
     return config
 
 
-@pytest.mark.parametrize("tiles, chunk", [("vocab", 128), ("tokens", 12), ("tokens", 32)])
-def test_train_loss_and_gradients_match_the_plain_loss(tiles, chunk):
-    """Through the model (tied embedding): the loss train.py takes, either path (sequence 32:
-    token tiles of 12 positions leave a clamped last tile)."""
+@functools.cache
+def tiny_model():
+    """tiny_config's model, split (graphdef, state); the loss settings leave it unchanged.
+    Initialised once for the file: op by op, an initialisation costs a few CPU-s."""
+    return nnx.split(Transformer(config_lib.model_config(tiny_config()), rngs=nnx.Rngs(params=0)))
+
+
+def _train_loss_and_gradients(tiles: str, chunk_size: int):
+    """(loss, info, grads) of the tiny model's train loss (tied embedding) with the loss on
+    `tiles` of `chunk_size` (0: the plain loss), the value and gradient jitted as the train
+    step jits them (run op by op they took 20 of this file's 50 CPU-s); its primal (eval)
+    path checked against them."""
     config = tiny_config()
-    cfg = config_lib.model_config(config)
-    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(params=0)))
+    graphdef, params = tiny_model()
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(0, 300, size=(2, 32)))
     batch = {"inputs": tokens, "targets": jnp.roll(tokens, -1, axis=1),
              "mask": jnp.asarray(rng.random((2, 32)) > 0.2)}
-    results = []
-    for chunk_size in (0, chunk):
-        with config.unlocked():
-            config.train.update(loss_chunk_size=chunk_size, loss_tiles=tiles)
-        config_lib.validate_run_config(config)
-        loss_fn = train._loss_fn(graphdef, config)
-        (loss, info), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
-        eval_loss, eval_info = jax.jit(loss_fn)(params, batch)  # the primal path
-        np.testing.assert_allclose(eval_loss, loss, rtol=1e-6)
-        np.testing.assert_allclose(eval_info["nll"], info["nll"], rtol=1e-6)
-        results.append((loss, info, grads))
-    (plain, plain_info, plain_grads), (chunked, chunked_info, chunked_grads) = results
+    with config.unlocked():
+        config.train.update(loss_chunk_size=chunk_size, loss_tiles=tiles)
+    config_lib.validate_run_config(config)
+    loss_fn = train._loss_fn(graphdef, config)
+    (loss, info), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params, batch)
+    eval_loss, eval_info = jax.jit(loss_fn)(params, batch)  # the primal path
+    np.testing.assert_allclose(eval_loss, loss, rtol=1e-6)
+    np.testing.assert_allclose(eval_info["nll"], info["nll"], rtol=1e-6)
+    return loss, info, grads
+
+
+# The plain loss (loss_chunk_size 0) ignores train.loss_tiles: computed once for the three
+# cases below.
+_plain_train_loss_and_gradients = functools.cache(
+    lambda: _train_loss_and_gradients("vocab", 0))
+
+
+@pytest.mark.parametrize("tiles, chunk", [("vocab", 128), ("tokens", 12), ("tokens", 32)])
+def test_train_loss_and_gradients_match_the_plain_loss(tiles, chunk):
+    """Through the model (tied embedding): the loss train.py takes, either path (sequence 32:
+    token tiles of 12 positions leave a clamped last tile)."""
+    plain, plain_info, plain_grads = _plain_train_loss_and_gradients()
+    chunked, chunked_info, chunked_grads = _train_loss_and_gradients(tiles, chunk)
     np.testing.assert_allclose(chunked, plain, rtol=1e-5)
     for name in ("nll", "z_loss", "tokens"):
         np.testing.assert_allclose(chunked_info[name], plain_info[name], rtol=1e-5)
@@ -177,8 +197,8 @@ def test_a_config_saved_without_loss_tiles_tiles_the_vocabulary(monkeypatch):
     called = []
     monkeypatch.setattr(losses, "chunked_cross_entropy",
                         lambda *args: called.append(args) or (jnp.zeros(()), {}))
-    cfg = config_lib.model_config(config)
-    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(params=0)))
+    assert config_lib.model_config(config) == config_lib.model_config(tiny_config())
+    graphdef, params = tiny_model()
     tokens = jnp.zeros((1, 8), jnp.int32)
     train._loss_fn(graphdef, config)(params, {"inputs": tokens, "targets": tokens,
                                               "mask": tokens == 0})
