@@ -72,16 +72,27 @@ def _config(variant="g1_sdpa_elementwise", impl="xla"):
     return config
 
 
+@functools.cache
+def _params(variant: str) -> nnx.State:
+    """The variant's initial weights (the same on every attention implementation), made once
+    per variant: the model's eager initialisation cost about 5 CPU-s a call, and the file
+    called it 14 times."""
+    model = Transformer(config_lib.model_config(_config(variant)), rngs=nnx.Rngs(params=0))
+    _, params = nnx.split(model, nnx.Param)
+    # Sharper attention than at init (QK-norm scales x4: logits x16), so first-token weights
+    # spread far from uniform.
+    return jax.tree_util.tree_map_with_path(
+        lambda p, x: x * 4 if any("q_norm" in str(k) or "k_norm" in str(k) for k in p) else x,
+        params)
+
+
 def _model(variant="g1_sdpa_elementwise", impl="xla"):
     config = _config(variant, impl)
     cfg = config_lib.model_config(config)
-    model = Transformer(cfg, rngs=nnx.Rngs(params=0))
-    graphdef, params = nnx.split(model, nnx.Param)
-    # Sharper attention than at init (QK-norm scales x4: logits x16), so first-token weights
-    # spread far from uniform.
-    params = jax.tree_util.tree_map_with_path(
-        lambda p, x: x * 4 if any("q_norm" in str(k) or "k_norm" in str(k) for k in p) else x,
-        params)
+    graphdef, abstract = nnx.split(
+        nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0))), nnx.Param)
+    params = _params(variant)
+    assert jax.tree.structure(abstract) == jax.tree.structure(params)
     return config, graphdef, params
 
 
@@ -97,16 +108,27 @@ def _batch(segmented):
     return batch, seg
 
 
+@functools.cache
+def _captured(segmented: bool) -> list[dict[str, np.ndarray]]:
+    """Per layer: the S x S attention maps, gate scores and residual of the model on impl
+    xla (one device, run op by op), the reference of the telemetry tests below; made once
+    per batch for all of them."""
+    _, graphdef, params = _model()
+    batch, _ = _batch(segmented)
+    model = nnx.merge(graphdef, params)
+    model(batch["inputs"], positions=batch["positions"], segment_ids=batch.get("segment_ids"),
+          capture=("attention_probs", "gate_scores", "resid_after_ffn"))
+    return [{name: np.asarray(value) for name, value in layer.items()}
+            for layer in capture.collect(model)]
+
+
 @pytest.mark.parametrize("segmented", [False, True])
 def test_model_telemetry_matches_the_xla_reference_maps_and_numpy(segmented):
     config, graphdef, params = _model()
     batch, seg = _batch(segmented)
     values = jax.jit(telemetry.make_telemetry_fn(graphdef, config))(params, batch)
     record = telemetry.to_record(jax.device_get(values), "sigmoid")
-    model = nnx.merge(graphdef, params)
-    model(batch["inputs"], positions=batch["positions"], segment_ids=batch.get("segment_ids"),
-          capture=("attention_probs", "gate_scores", "resid_after_ffn"))
-    layers = capture.collect(model)
+    layers = _captured(segmented)
     starts = _starts_numpy(seg)
     queries = (seg != 0) & (starts != np.arange(seg.shape[1])[None])
     tokens = seg != 0
@@ -146,16 +168,12 @@ def _xla_reference(segmented: bool) -> dict[str, np.ndarray]:
     """Per layer: F-Attn per head from the XLA reference's S x S maps (probs, the model on
     impl xla, one device), M-Act and the gate mean, with numpy: what every kernel's telemetry
     must give."""
-    _, graphdef, params = _model()
-    batch, seg = _batch(segmented)
-    model = nnx.merge(graphdef, params)
-    model(batch["inputs"], positions=batch["positions"], segment_ids=batch.get("segment_ids"),
-          capture=("attention_probs", "gate_scores", "resid_after_ffn"))
+    _, seg = _batch(segmented)
     starts = _starts_numpy(seg)
     queries = (seg != 0) & (starts != np.arange(seg.shape[1])[None])
     tokens = seg != 0
     out: dict[str, list] = {"f_attn": [], "m_act": [], "gate_mean": []}
-    for layer in capture.collect(model):
+    for layer in _captured(segmented):
         first = _reference_first_token(layer["attention_probs"], seg)  # [b, h, s]
         out["f_attn"].append((first * queries[:, None]).sum(axis=(0, 2)) / queries.sum())
         out["m_act"].append(np.abs(np.asarray(layer["resid_after_ffn"])[tokens]).max())
