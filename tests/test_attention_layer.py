@@ -30,7 +30,7 @@ def randomise(module: nnx.Module, seed: int) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("name", ATTENTION_VARIANTS)
 def test_attention_layer_matches_numpy_formula(name):
     variant = VARIANTS[name]
-    module = Attention(tiny_cfg(variant), rngs=nnx.Rngs(params=0))
+    module = layer_params.build(Attention, tiny_cfg(variant))  # every parameter randomised
     params = randomise(module, seed=1)
     rng = np.random.default_rng(2)
     x = rng.normal(size=(2, 7, 16))
@@ -46,7 +46,7 @@ def test_attention_layer_matches_numpy_formula(name):
 
 def test_head_shared_gate_is_mean_of_head_logits():
     """Head-shared: one score vector per token, the head-mean of the elementwise logits."""
-    module = Attention(tiny_cfg(VARIANTS["g1_sdpa_head_shared"]), rngs=nnx.Rngs(params=0))
+    module = layer_params.build(Attention, tiny_cfg(VARIANTS["g1_sdpa_head_shared"]))
     params = randomise(module, seed=3)
     x = np.random.default_rng(4).normal(size=(1, 5, 16))
     scores = np.asarray(module.gate.scores(jnp.asarray(x, jnp.float32)))
@@ -96,8 +96,10 @@ def test_switch_v_1top1_equals_g2_headwise_with_the_same_weights():
     gated.gate.kernel.set_value(router)
     switch.v_proj.experts.set_value(v_weights[None])
     switch.v_proj.router.set_value(router[..., None])
-    x = jnp.asarray(rng.normal(size=(2, 6, 16)), jnp.float32)
-    positions = jnp.tile(jnp.arange(6), (2, 1))
+    # The shapes of the formula cases above (2 x 7 tokens): their op-by-op compiles serve
+    # these calls too.
+    x = jnp.asarray(rng.normal(size=(2, 7, 16)), jnp.float32)
+    positions = jnp.tile(jnp.arange(7), (2, 1))
     np.testing.assert_allclose(switch(x, positions), gated(x, positions), rtol=1e-5, atol=1e-6)
 
 
