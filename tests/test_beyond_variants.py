@@ -82,7 +82,7 @@ def variant_of(name: str) -> AttentionVariant:
 @pytest.mark.parametrize("name", CASES)
 def test_layer_matches_numpy_formula(name):
     variant = variant_of(name)
-    module = Attention(tiny_cfg(variant), rngs=nnx.Rngs(params=0))
+    module = layer_params.build(Attention, tiny_cfg(variant))  # every parameter randomised
     params = randomise(module, seed=1)
     x, positions, segment_ids = inputs()
     got = module(jnp.asarray(x, jnp.float32), jnp.asarray(positions),
@@ -97,7 +97,7 @@ def test_layer_matches_numpy_formula(name):
 def test_layer_gradients_match_numpy_finite_differences(name):
     """d(sum(out * R)) / d(parameters), a few entries each, by central differences in float64."""
     variant = variant_of(name)
-    module = Attention(tiny_cfg(variant), rngs=nnx.Rngs(params=0))
+    module = layer_params.build(Attention, tiny_cfg(variant))  # every parameter randomised
     params = randomise(module, seed=5)
     x, positions, segment_ids = inputs()
     weights = np.random.default_rng(6).normal(size=(2, 7, D))
@@ -262,9 +262,11 @@ def test_windowed_chunked_gradients_match_reference():
     def loss(fn, q, k, v):
         return jnp.sum(jnp.sin(fn(q, k, v, window=4)))
 
-    want = jax.grad(lambda *a: loss(reference.attention, *a), argnums=(0, 1, 2))(q, k, v)
-    got = jax.grad(lambda *a: loss(lambda *b, **kw: chunked.attention(
-        *b, block_q=4, block_kv=4, **kw), *a), argnums=(0, 1, 2))(q, k, v)
+    # jitted, as training calls them (op by op each small op compiled on its own)
+    want = jax.jit(jax.grad(lambda *a: loss(reference.attention, *a), argnums=(0, 1, 2)))(
+        q, k, v)
+    got = jax.jit(jax.grad(lambda *a: loss(lambda *b, **kw: chunked.attention(
+        *b, block_q=4, block_kv=4, **kw), *a), argnums=(0, 1, 2)))(q, k, v)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)
 
