@@ -8,7 +8,6 @@ import layer_params
 import numpy as np
 import numpy_reference as ref
 import pytest
-from flax import nnx
 
 from gated_attention.layers.attention import Attention
 from gated_attention.layers.block import DecoderBlock
@@ -56,7 +55,7 @@ def switch_params(flat: dict[tuple, np.ndarray]) -> dict:
                                            ("switch_v_8top2", 8)])
 def test_switch_head_attention_matches_numpy(name, experts):
     variant = VARIANTS[name]
-    module = Attention(tiny_cfg(name), rngs=nnx.Rngs(params=0))
+    module = layer_params.build(Attention, tiny_cfg(name))  # every parameter randomised
     params = switch_params(layer_params.randomise(module, seed=1))
     assert params["v_proj"]["experts"].shape == (experts, D, 2, 8)
     x, positions = inputs(seed=2)
@@ -98,7 +97,7 @@ def block_params(flat: dict[tuple, np.ndarray]) -> dict:
 
 def test_sandwich_norm_block_matches_numpy():
     variant = VARIANTS["baseline_sandwich_norm"]
-    module = DecoderBlock(tiny_cfg("baseline_sandwich_norm"), rngs=nnx.Rngs(params=0))
+    module = layer_params.build(DecoderBlock, tiny_cfg("baseline_sandwich_norm"))
     params = block_params(layer_params.randomise(module, seed=4))
     assert {"post_attn_norm", "post_ffn_norm"} <= set(params)
     x, positions = inputs(seed=5)
