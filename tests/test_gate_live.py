@@ -60,11 +60,17 @@ def assert_live(a, b, what: str) -> None:
     assert np.abs(a - b).max() > 1e-4, f"{what}: the gate does not reach the output"
 
 
+# One jitted forward for the module, the graph definition static: models of one structure
+# share one compile across calls and tests (a fresh jit per call compiled the baseline twice
+# in the identity test and each imported model anew).
+_forward = jax.jit(lambda graphdef, state, t: nnx.merge(graphdef, state)(t)[0],
+                   static_argnums=0)
+
+
 def jit_logits(*models, tokens=TOKENS):
     """Logits of models of one structure, through one compiled forward."""
     graphdef = nnx.split(models[0])[0]
-    forward = jax.jit(lambda state, t: nnx.merge(graphdef, state)(t)[0])
-    return [forward(nnx.split(m)[1], jnp.asarray(tokens)) for m in models]
+    return [_forward(graphdef, nnx.split(m)[1], jnp.asarray(tokens)) for m in models]
 
 
 def _batch(tokens=TOKENS, rows: int = 2):
