@@ -199,6 +199,50 @@ def test_checkpoints_verify_what_they_read_and_never_hold_non_finite_values(tmp_
     assert checkpoint.fingerprint({"w": swapped, "n": state["n"]})[0]["['w']"] != sums["['w']"]
 
 
+def _written_out_checksum(words: np.ndarray) -> int:
+    """The fingerprint's rule by hand, in exact integers: sum of word_i * (i * 2654435761 + 1)
+    mod 2**32, each weight taken mod 2**32."""
+    total = 0
+    for i, word in enumerate(words.tolist()):
+        total += int(word) * ((i * 2654435761 + 1) % 2**32)
+    return total % 2**32
+
+
+@pytest.mark.parametrize("host_bytes", [checkpoint.HOST_FINGERPRINT_BYTES, 0],
+                         ids=["on_the_host", "on_the_device"])
+def test_the_fingerprint_is_the_written_out_checksum_on_host_and_device(host_bytes):
+    """Small states are fingerprinted with numpy, large ones by a compiled reduction: both give
+    the checksum written out by hand, for every dtype a state holds, and both flag NaN/inf."""
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=(3, 5)).astype(np.float32)
+    tree = {"f32": jnp.asarray(values), "bf16": jnp.asarray(values, jnp.bfloat16),
+            "f16": jnp.asarray(values, jnp.float16), "i32": jnp.arange(7, dtype=jnp.int32) - 3,
+            "u8": jnp.arange(250, 256, dtype=jnp.uint8), "i8": jnp.arange(-3, 3, dtype=jnp.int8),
+            "bool": jnp.asarray([True, False, True]), "scalar": jnp.int32(-5)}
+    words = {"f32": values.view(np.uint32).ravel(),
+             "bf16": np.asarray(tree["bf16"]).view(np.uint16).ravel(),
+             "f16": values.astype(np.float16).view(np.uint16).ravel(),
+             "i32": (np.arange(7, dtype=np.int32) - 3).view(np.uint32),
+             "u8": np.arange(250, 256), "i8": np.arange(-3, 3, dtype=np.int8).view(np.uint8),
+             "bool": np.array([1, 0, 1]), "scalar": np.array([2**32 - 5])}
+    sums, bad = checkpoint.fingerprint(tree, host_bytes=host_bytes)
+    assert sums == {f"['{name}']": _written_out_checksum(w) for name, w in words.items()}
+    assert bad == []
+    broken = {**tree, "f32": tree["f32"].at[2, 4].set(jnp.inf),
+              "bf16": tree["bf16"].at[0, 0].set(jnp.nan)}
+    assert checkpoint.fingerprint(broken, host_bytes=host_bytes)[1] == ["['bf16']", "['f32']"]
+
+
+def test_the_fingerprint_of_8_byte_values_is_the_same_on_host_and_device(x64):
+    """float64 / int64 leaves (jax's 64-bit mode) give two words each, in the same order."""
+    tree = {"f64": jnp.linspace(-1.0, 2.0, 5, dtype=jnp.float64),
+            "i64": jnp.arange(-2, 3, dtype=jnp.int64) * 2**40}
+    host = checkpoint.fingerprint(tree)
+    device = checkpoint.fingerprint(tree, host_bytes=0)
+    words = np.asarray(tree["f64"]).view(np.uint32)  # little-endian: low word first
+    assert host == device and host[0]["['f64']"] == _written_out_checksum(words)
+
+
 # ----------------------------------------------------------------------------- signals
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
