@@ -91,6 +91,8 @@ REGISTRY: dict[str, tuple[str, dict[str, str]]] = {
         "test_bad_eviction_settings_name_the_field": "error_message",
         "test_eviction_eval_refuses_bad_windows_before_loading": "error_message"}),
     "test_faults": ("two_paths", {
+        "test_the_fingerprint_is_the_written_out_checksum_on_host_and_device": "independent",
+        "test_the_fingerprint_of_8_byte_values_is_the_same_on_host_and_device": "independent",
         "test_damaged_checkpoints_are_reported_moved_aside_and_skipped": "golden",
         "test_checkpoints_verify_what_they_read_and_never_hold_non_finite_values":
             "error_message",
