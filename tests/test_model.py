@@ -25,7 +25,9 @@ def small_cfg(name: str) -> ModelConfig:
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_every_variant_runs_forward_and_backward_and_is_causal(name):
     model = build_model(small_cfg(name), seed=0)
-    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 12)), jnp.int32)
+    # One row of 12, the packed row's shape below: op by op, the forward's compiles for this
+    # shape serve that test too.
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (1, 12)), jnp.int32)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
     def loss_fn(p, toks):
