@@ -300,8 +300,8 @@ def supervisor_output(pod: Pod) -> str:
 def test_a_supervised_run_preempted_twice_finishes_by_itself_as_if_uninterrupted(
         tmp_path, gcs_bucket, reference_run):  # noqa: F811
     """Preempted first as step 8 ends (its evaluation and checkpoint follow at once), then
-    as soon as it has resumed (the SIGTERM lands at whatever step it reached by then: a
-    later one would let the 16 steps finish in the grace); nobody touches it meanwhile."""
+    during the relaunched run's start-up (a notice during its steps can be outrun by them,
+    which would let the 16 steps finish in the grace); nobody touches it meanwhile."""
     pod = Pod(tmp_path, gcs_bucket, name="spot")
     run_dir = f"{gcs_bucket}/ga/runs/r"
     proc = pod.supervise("--name", "r", "--poll", "0.5", "--max-restarts", "4",
@@ -313,8 +313,14 @@ def test_a_supervised_run_preempted_twice_finishes_by_itself_as_if_uninterrupted
                  "step 8 (its checkpoint follows)", poll=0.02,
                  on_timeout=lambda: supervisor_output(pod))
         first = json.loads(pod.admin("preempt", "spot"))
-        wait_for(lambda: "Resumed" in log_text(pod),
-                 120, "the relaunched run to resume", poll=0.05,
+        # The relaunched run's own log (a new VM's: no "step 8") once its processes have met,
+        # before its restore: preempted there, the notice is agreed before the first step.
+        # (Waiting for "Resumed" was too late once a resumed run's first steps took well
+        # under the notice's round trip: its steps outran the agreement and the run ended in
+        # the grace instead of stopping.)
+        relaunched = lambda text: "Rank 0 is connected" in text and f"step 8/{STEPS}" not in text  # noqa: E731
+        wait_for(lambda: relaunched(log_text(pod)),
+                 120, "the relaunched run to start", poll=0.02,
                  on_timeout=lambda: supervisor_output(pod))
         second = json.loads(pod.admin("preempt", "spot"))
         assert proc.wait(timeout=300) == 0, supervisor_output(pod)
