@@ -36,7 +36,7 @@ import jax  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))  # test helpers such as numpy_reference
 
 # The processes the tests start (trainings, grids, pod workers) share one persistent
-# compilation cache for the session: many of them compile the same program (a resumed or
+# compilation cache for the test run: many of them compile the same program (a resumed or
 # relaunched run, the same tiny config in several files), and a cached step loads in a
 # fraction of its compile. Set after jax's import, so it reaches only child processes: this
 # process compiles for TPU and GPU targets too, whose programs cannot be read back without a
@@ -106,7 +106,7 @@ MEASURED = durations.Measured(durations.load())
 
 
 def pytest_unconfigure(config):
-    """The session's shared compilation cache goes with the process that made it."""
+    """The test run's shared compilation cache goes with the process that made it."""
     if "OWN_SHARED_CACHE" in globals():
         shutil.rmtree(OWN_SHARED_CACHE, ignore_errors=True)
 
