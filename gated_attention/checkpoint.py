@@ -116,8 +116,7 @@ def fingerprint(tree: Any, host_bytes: int = HOST_FINGERPRINT_BYTES
     names = [jax.tree_util.keystr(p) for p, _ in with_paths]
     leaves = [leaf for _, leaf in with_paths]
     local = all(getattr(leaf, "is_fully_addressable", True) for leaf in leaves)
-    if local and sum(np.dtype(leaf.dtype).itemsize * np.size(leaf) for leaf in leaves) \
-            <= host_bytes:
+    if local and sum(leaf.nbytes for leaf in leaves) <= host_bytes:
         sums, finite = _host_fingerprint(leaves)
     else:
         sums, finite = jax.device_get(_fingerprint_leaves(leaves))
