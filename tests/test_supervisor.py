@@ -45,8 +45,10 @@ RUN_FLAGS = ["--config.model.num_layers=1", "--config.model.d_model=32",
 # The workers compile as the test process does (tests/conftest.py), one device each.
 WORKER_XLA_FLAGS = cpu_compile.xla_flags(host_devices=1)
 # A preempted stand-in VM's workers get SIGTERM, then SIGKILL after PREEMPTION_WINDOW_S (a
-# real one: about 30 s), and the supervisor waits as long before deleting the slice: with 6
-# s, in a full suite on two busy cores, one attempt's log copy was lost to the delete.
+# real one: about 30 s), and the supervisor waits as long before deleting the slice unless
+# every worker's log records its exit sooner (a run's: a grid's workers keep no such log).
+# With a 6 s grace and no such early end, in a full suite on two busy cores, one attempt's log
+# copy was lost to the delete.
 PREEMPTION_WINDOW_S = BROKEN_GRACE_S = 20
 
 
@@ -329,12 +331,14 @@ def test_a_supervised_run_preempted_twice_finishes_by_itself_as_if_uninterrupted
     # every worker saved and ended inside each preemption's window (none was SIGKILLed)
     assert first["killed_after_grace"] == 0 and second["killed_after_grace"] == 0
     log = events(gcs_bucket, "runs/r/supervisor/events.jsonl")
-    assert actions(log) == ["start", "create", "setup", "launched", "broken", "recreate",
-                            "setup", "launched", "broken", "recreate", "setup", "launched",
-                            "done"], log
+    # Each time, the slice was deleted once both workers' logs recorded their exit ("saved"),
+    # before the grace ran out.
+    assert actions(log) == ["start", "create", "setup", "launched", "broken", "saved",
+                            "recreate", "setup", "launched", "broken", "saved", "recreate",
+                            "setup", "launched", "done"], log
     for broken, recreate in zip(*([r for r in log if r["action"] == action]
                                   for action in ("broken", "recreate")), strict=True):
-        assert recreate["elapsed_s"] - broken["elapsed_s"] >= BROKEN_GRACE_S  # their grace
+        assert recreate["elapsed_s"] - broken["elapsed_s"] < BROKEN_GRACE_S
     assert [r["attempt"] for r in log if r["action"] == "recreate"] == [1, 2]
     # Each recreate answers a preemption: the queued resource SUSPENDED, or (when the
     # preemption falls between the supervisor's two describes) ACTIVE with its VM PREEMPTED.
@@ -472,3 +476,39 @@ def test_a_preempted_slice_is_deleted_after_the_grace_a_vanished_vm_at_once(tmp_
     logged = [json.loads(line)["action"] for line in (
         tmp_path / "runs" / "r" / "supervisor" / "events.jsonl").read_text().splitlines()]
     assert logged == (["broken", "recreate"] if waits else ["recreate"])
+
+
+def test_the_grace_ends_once_every_worker_logged_the_exit_of_its_attempt(tmp_path):
+    """A preempted run's slice is deleted before --broken-grace runs out once each of its
+    workers' logs in the bucket records a new `### exit` (worker_log's last line, copied
+    after the command ended): not while one worker's log lacks it, nor on an earlier
+    attempt's exit (the controls)."""
+    from gated_attention.pods.supervisor import Job, Options, Supervisor
+
+    scripts: list[str] = []
+    logs = tmp_path / "runs" / "r" / "logs"
+    logs.mkdir(parents=True)
+    earlier = "### 2026-01-01T00:00:00+00:00 w0: main\nstep 3\n### exit 143\n"
+    (logs / "worker-0.log").write_text(earlier)  # an earlier attempt, preempted
+    pod = FakeSlice(cloud.HEALTHY, "ACTIVE/READY")
+    pod.workers_running = lambda pattern: (2, 0)  # the probe counts two workers
+    supervisor = Supervisor("pod.env", pod, Job(kind="run", name="r", bucket=str(tmp_path)),
+                            Options(broken_grace_s=3600), sleep=time.sleep,
+                            run=lambda argv: scripts.append(Path(argv[1]).name) or 0)
+    supervisor.set_up = supervisor.preflighted = True
+    assert supervisor.step() is None and scripts == ["launch.sh"]
+    assert supervisor.step() is None  # running: the probe counts the workers
+    pod.answer = cloud.Health(cloud.BROKEN, "SUSPENDED")
+    assert supervisor.step() is None  # the grace begins; no new exit anywhere yet
+    (logs / "worker-0.log").write_text(earlier + "### 2026-01-01T01:00:00+00:00 w0: main\n"
+                                       "step 9\n### exit 143\n")
+    (logs / "worker-1.log").write_text("### 2026-01-01T01:00:00+00:00 w1: main\nstep 9\n")
+    assert supervisor.step() is None and scripts == ["launch.sh"]  # worker 1 still saving
+    (logs / "worker-1.log").write_text("### 2026-01-01T01:00:00+00:00 w1: main\nstep 9\n"
+                                       "### exit 143\n")
+    assert supervisor.step() is None
+    assert scripts == ["launch.sh", "teardown.sh", "create.sh"] and supervisor.attempt == 1
+    logged = [json.loads(line) for line in (
+        tmp_path / "runs" / "r" / "supervisor" / "events.jsonl").read_text().splitlines()]
+    assert [e["action"] for e in logged] == ["launched", "broken", "saved", "recreate"]
+    assert "every worker's log records its exit" in logged[2]["detail"]

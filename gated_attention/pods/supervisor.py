@@ -13,8 +13,9 @@
   `--active-timeout` seconds in a row, then stop with a message); BROKEN (SUSPENDED,
   PREEMPTED, FAILED, a vanished VM): a spot VM cannot be restarted: after `--broken-grace`
   seconds (a preempted VM's processes have about 30 s after their SIGTERM to save the step's
-  checkpoint and copy their logs; deleting the slice sooner kills both), delete it
-  (teardown.sh), create it again; HEALTHY: if not set up since it was created, set up
+  checkpoint and copy their logs; deleting the slice sooner kills both), or as soon as every
+  worker's log in the bucket records this attempt's exit (a run: they have saved and ended),
+  delete it (teardown.sh), create it again; HEALTHY: if not set up since it was created, set up
   (setup.sh) and launch (launch.sh / launch_grid.sh); if set up but no worker runs the job
   any more (it crashed, a maintenance event restarted the VM, a watchdog ended it), launch
   again: the run resumes from its last checkpoint, a grid skips its finished runs;
@@ -43,6 +44,7 @@ from gated_attention.pods import cloud
 from gated_attention.pods.events import EventLog
 
 SCRIPTS_DIR = str(Path(__file__).resolve().parents[2] / "tpu_scripts")
+EXIT_MARK = "\n### exit "  # worker_log's last line of an attempt's log
 EXIT_DONE, EXIT_GAVE_UP = 0, 1
 
 
@@ -83,6 +85,27 @@ class Job:
         if self.kind == "run":
             return f"{train_command.MODULE} .*--workdir={self.home}( |$)"
         return f"experiments.run_grid .*--root {self.home}( |$)"
+
+    def logged_exits(self) -> dict[str, tuple[int, int]] | None:
+        """Per worker log in the bucket: (the exits it records, its length). worker_log ends
+        each attempt's log with an `### exit` line, copied after the command ended. None for
+        a grid, whose workers keep no such log."""
+        if self.kind != "run":
+            return None
+        from gated_attention.pods import claims
+
+        claims.invalidate_listings()
+        logs = paths.resolve(self.home) / "logs"
+        if not logs.exists():
+            return {}
+        counts = {}
+        for log in logs.glob("*.log"):
+            try:
+                text = paths.read_current(log)
+            except FileNotFoundError:  # deleted between the listing and the read
+                continue
+            counts[log.name] = (text.count(EXIT_MARK), len(text))
+        return counts
 
     def finished(self) -> bool:
         from gated_attention.pods import claims
@@ -153,6 +176,8 @@ class Supervisor:
         self.idle = False          # a claimed grid: nothing left here for this slice
         self.waiting_since: float | None = None
         self.broken_since: float | None = None
+        self.workers: int | None = None  # the slice's workers, as its last probe counted
+        self.exits_before_launch: dict[str, int] | None = None
 
     def _run_script(self, argv: list[str]) -> int:
         print(f"$ {' '.join(argv)}", flush=True)
@@ -187,6 +212,7 @@ class Supervisor:
                 self.events.write(state, "setup_failed", self.attempt, f"setup.sh exited {rc}")
                 return False
             self.set_up = True
+        self.exits_before_launch = self.job.logged_exits()
         script, args = self.job.launch(
             preflight=not (self.preflighted and supports_flag("launch.sh" if self.job.kind ==
                                                               "run" else "launch_grid.sh",
@@ -239,7 +265,11 @@ class Supervisor:
                                       f"its workers get --broken-grace="
                                       f"{self.options.broken_grace_s:g} s to save and exit")
                 if now - self.broken_since < self.options.broken_grace_s:
-                    return None
+                    if not self.every_worker_ended():
+                        return None
+                    self.events.write(health.state, "saved", self.attempt,
+                                      f"every worker's log records its exit after "
+                                      f"{now - self.broken_since:.1f} s of the grace")
             self.broken_since = None
             if not self.restart(health.state, "recreate", "a spot slice cannot be restarted: "
                                 "delete and create again"):
@@ -251,6 +281,8 @@ class Supervisor:
             self.launch(health.state)
         else:
             workers = self.tpu.workers_running(self.job.process_pattern)
+            if workers is not None:
+                self.workers = sum(workers)
             if workers is not None and workers[0] == 0 and not self.job.finished():
                 if "--claim" in self.job.launch_args and not self.job.work_left_for(
                         self.tpu.name):
@@ -265,6 +297,25 @@ class Supervisor:
                 self.launched = False
                 self.launch(health.state)
         return None
+
+    def every_worker_ended(self) -> bool:
+        """Whether the workers of the attempt launched last have all logged their exit (so
+        deleting the slice loses nothing): a new exit in as many logs as the slice's last
+        probe counted workers, and no log that changed since the launch without one. Unknown
+        (no worker count yet, a grid, an unreadable bucket): False, the grace runs out."""
+        before = self.exits_before_launch
+        if not self.launched or not self.workers or before is None:
+            return False
+        try:
+            now = self.job.logged_exits()
+        except OSError:
+            return False
+        if now is None:
+            return False
+        changed = {name: exits > before.get(name, (0, 0))[0]
+                   for name, (exits, length) in now.items()
+                   if (exits, length) != before.get(name, (0, 0))}
+        return all(changed.values()) and len(changed) >= self.workers
 
     def loop(self) -> int:
         self.events.write("-", "start", 0, f"supervising {self.job.kind} {self.job.name} on "
@@ -304,7 +355,8 @@ def dry_run(config: str, tpu: cloud.Slice, job: Job) -> int:
           f"{cloud._quote('pgrep -f ' + cloud._quote(job.process_pattern))}\n"
           "# ... no worker runs it and it is not done: launch again (a restart)", flush=True)
     show("SUSPENDED / PREEMPTED / FAILED: after --broken-grace seconds (the workers' time to "
-         "save), delete, then create, set up, launch (a restart); no VM: the same at once",
+         "save; a run: or once every worker's log records its exit), delete, then create, "
+         "set up, launch (a restart); no VM: the same at once",
          "teardown.sh", "--yes")
     print(f"# events: {job.events_path(tpu.name)}", flush=True)
     return 0
@@ -336,7 +388,8 @@ def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
     flags.DEFINE_float("active-timeout", 24 * 3600.0, "Seconds a slice may wait for capacity "
                        "before giving up.", flag_values=flag_values)
     flags.DEFINE_float("broken-grace", 30.0, "Seconds a preempted or failed slice's workers "
-                       "get to save their checkpoint and logs before the slice is deleted.",
+                       "get to save their checkpoint and logs before the slice is deleted "
+                       "(a run's: sooner once every worker's log records its exit).",
                        flag_values=flag_values)
     flags.DEFINE_integer("max-polls", None, "Stop after this many polls (tests).",
                          flag_values=flag_values)
