@@ -212,6 +212,11 @@ def train_section() -> ml_collections.ConfigDict:
         # (losses.token_tiled_cross_entropy: the gradient computed in the forward pass, no
         # recomputation). A config saved without loss_tiles tiles the vocabulary.
         loss_chunk_size=0, loss_tiles="vocab",
+        # The dtype the logits matmul writes: "float32", or "compute" (model.dtype, bfloat16
+        # at scale, as MaxText and Megatron-LM store them: half the loss's HBM traffic).
+        # The matmul accumulates in float32 and the softmax, its sums and the gradient run
+        # in float32 either way; "compute" rounds each logit once (bfloat16: 8 bits).
+        logits_dtype="float32",
     ))
 
 

@@ -39,6 +39,22 @@ def unrolled_tiles() -> Iterator[None]:
         _UNROLL_TILES.reset(token)
 
 
+def stored_logits_dtype(name: str, compute_dtype: jnp.dtype) -> jnp.dtype:
+    """train.logits_dtype ("float32" or "compute") as the dtype the logits matmul writes."""
+    return jnp.dtype(compute_dtype if name == "compute" else jnp.float32)
+
+
+def logits_matmul(x: jax.Array, table: jax.Array, stored: jnp.dtype | None = None
+                  ) -> jax.Array:
+    """x @ table.T, accumulated in float32 (float64 references: float64), written in
+    `stored` (None: the accumulator's dtype) and read back in the accumulator's dtype: with a
+    bfloat16 `stored` the compiler keeps the bfloat16 product in memory and fuses the
+    widening into each reader."""
+    acc = _accumulator(x, table)
+    logits = jnp.einsum("bsd,vd->bsv", x, table, preferred_element_type=stored or acc)
+    return logits.astype(acc)
+
+
 def cross_entropy(logits: jax.Array, targets: jax.Array, mask: jax.Array,
                   z_loss: float = 0.0) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Mean next-token cross-entropy over positions where mask is true (float32).
@@ -58,7 +74,8 @@ def cross_entropy(logits: jax.Array, targets: jax.Array, mask: jax.Array,
 
 
 def chunked_cross_entropy(x: jax.Array, table: jax.Array, targets: jax.Array,
-                          mask: jax.Array, z_loss: float = 0.0, chunk_size: int = 8192
+                          mask: jax.Array, z_loss: float = 0.0, chunk_size: int = 8192,
+                          logits_dtype: jnp.dtype | None = None
                           ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """`cross_entropy(x @ table.T, ...)` without the float32 logits [b, s, vocab] at once.
 
@@ -68,11 +85,13 @@ def chunked_cross_entropy(x: jax.Array, table: jax.Array, targets: jax.Array,
     each tile's logits and writes that tile's part of the table's gradient whole (one
     rounding to the table's dtype, as the plain loss), while x's gradient adds up in float32
     ([b, s, d], small). Peak: one float32 [b, s, chunk_size] tile instead of [b, s, vocab].
+    logits_dtype: what each tile's logits matmul writes (`logits_matmul`; None: float32).
     """
     vocab = table.shape[0]
     chunk = max(1, min(int(chunk_size), vocab))
     weights = mask.astype(_accumulator(x, table))
-    nll_sum, z_sum = _tiled_sums(x, table, targets, weights, chunk)
+    stored = None if logits_dtype is None else jnp.dtype(logits_dtype)
+    nll_sum, z_sum = _tiled_sums(x, table, targets, weights, chunk, stored)
     denom = jnp.maximum(jnp.sum(weights), 1.0)
     nll, z = nll_sum / denom, z_sum / denom
     return nll + z_loss * z, {"nll": nll, "z_loss": z, "tokens": jnp.sum(weights)}
@@ -100,11 +119,7 @@ def _tile(a: jax.Array, i: jax.Array, chunk: int, axis: int = 0
     return part, start, start + jnp.arange(chunk) >= i * chunk
 
 
-def _tile_logits(x: jax.Array, rows: jax.Array) -> jax.Array:
-    return jnp.einsum("bsd,vd->bsv", x, rows, preferred_element_type=_accumulator(x, rows))
-
-
-def _forward_sums(x, table, targets, weights, chunk):
+def _forward_sums(x, table, targets, weights, chunk, stored):
     tiles, _ = _tiles(table.shape[0], chunk)
     shape, acc = targets.shape, _accumulator(x, table)
     neg = jnp.full(shape, -jnp.inf, acc)
@@ -112,7 +127,7 @@ def _forward_sums(x, table, targets, weights, chunk):
     def body(i, carry):
         running_max, running_sum, target_logit = carry
         rows, start, own = _tile(table, i, chunk)
-        logits = jnp.where(own, _tile_logits(x, rows), -jnp.inf)
+        logits = jnp.where(own, logits_matmul(x, rows, stored), -jnp.inf)
         new_max = jnp.maximum(running_max, jnp.max(logits, axis=-1))
         running_sum = (running_sum * jnp.exp(running_max - new_max)
                        + jnp.sum(jnp.exp(logits - new_max[..., None]), axis=-1))
@@ -129,17 +144,17 @@ def _forward_sums(x, table, targets, weights, chunk):
     return (nll_sum, z_sum), lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _tiled_sums(x, table, targets, weights, chunk):
-    return _forward_sums(x, table, targets, weights, chunk)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _tiled_sums(x, table, targets, weights, chunk, stored):
+    return _forward_sums(x, table, targets, weights, chunk, stored)[0]
 
 
-def _tiled_sums_fwd(x, table, targets, weights, chunk):
-    sums, lse = _forward_sums(x, table, targets, weights, chunk)
+def _tiled_sums_fwd(x, table, targets, weights, chunk, stored):
+    sums, lse = _forward_sums(x, table, targets, weights, chunk, stored)
     return sums, (x, table, targets, weights, lse)
 
 
-def _tiled_sums_bwd(chunk, residuals, cotangents):
+def _tiled_sums_bwd(chunk, stored, residuals, cotangents):
     x, table, targets, weights, lse = residuals
     g_nll, g_z = cotangents
     tiles, _ = _tiles(table.shape[0], chunk)
@@ -153,7 +168,7 @@ def _tiled_sums_bwd(chunk, residuals, cotangents):
     def body(i, carry):
         dx, dtable = carry
         rows, start, own = _tile(table, i, chunk)
-        logits = _tile_logits(x, rows)
+        logits = logits_matmul(x, rows, stored)
         p = jnp.exp(logits - lse[..., None])
         hit = (targets[..., None] - start) == jnp.arange(chunk)
         dlogits = scale_p[..., None] * p - jnp.where(hit, scale_t[..., None], 0.0)
@@ -180,7 +195,8 @@ _tiled_sums.defvjp(_tiled_sums_fwd, _tiled_sums_bwd)
 
 
 def token_tiled_cross_entropy(x: jax.Array, table: jax.Array, targets: jax.Array,
-                              mask: jax.Array, z_loss: float = 0.0, chunk_size: int = 2048
+                              mask: jax.Array, z_loss: float = 0.0, chunk_size: int = 2048,
+                              logits_dtype: jnp.dtype | None = None
                               ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """`cross_entropy(x @ table.T, ...)` a few sequence positions at a time, with the
     gradient computed in the forward pass (as Liger-Kernel's fused linear cross-entropy).
@@ -194,31 +210,33 @@ def token_tiled_cross_entropy(x: jax.Array, table: jax.Array, targets: jax.Array
     its two gradient matmuls once each, as in the plain loss. The backward only scales the
     stored gradients by the incoming cotangent. Without a gradient (eval), the forward
     computes the sums alone. nll and z_loss are reported with their gradient stopped; the
-    returned loss carries it.
+    returned loss carries it. logits_dtype: what each tile's logits matmul writes
+    (`logits_matmul`; None: float32).
     """
     seq = x.shape[1]
     chunk = max(1, min(int(chunk_size), seq))
     weights = mask.astype(_accumulator(x, table))
+    stored = None if logits_dtype is None else jnp.dtype(logits_dtype)
     loss_sum, nll_sum, z_sum = _token_tiled_sums(x, table, targets, weights, chunk,
-                                                 float(z_loss))
+                                                 float(z_loss), stored)
     denom = jnp.maximum(jnp.sum(weights), 1.0)
     nll = jax.lax.stop_gradient(nll_sum) / denom
     z = jax.lax.stop_gradient(z_sum) / denom
     return loss_sum / denom, {"nll": nll, "z_loss": z, "tokens": jnp.sum(weights)}
 
 
-def _token_tile_stats(x_tile: jax.Array, table: jax.Array, targets_tile: jax.Array
-                      ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _token_tile_stats(x_tile: jax.Array, table: jax.Array, targets_tile: jax.Array,
+                      stored: jnp.dtype | None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """A tile's float32 logits [b, chunk, vocab], their log-sum-exp and target logit."""
-    logits = jnp.einsum("bsd,vd->bsv", x_tile, table,
-                        preferred_element_type=_accumulator(x_tile, table))
+    logits = logits_matmul(x_tile, table, stored)
     lse = jax.nn.logsumexp(logits, axis=-1)
     target_logit = jnp.take_along_axis(logits, targets_tile[..., None], axis=-1)[..., 0]
     return logits, lse, target_logit
 
 
 def _token_tiled_forward(x: jax.Array, table: jax.Array, targets: jax.Array,
-                         weights: jax.Array, chunk: int, z_loss: float, with_grads: bool
+                         weights: jax.Array, chunk: int, z_loss: float, with_grads: bool,
+                         stored: jnp.dtype | None
                          ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """(nll_sum, z_sum) and, with_grads, d(nll_sum + z_loss z_sum) / (dx, dtable)."""
     acc = _accumulator(x, table)
@@ -229,7 +247,7 @@ def _token_tiled_forward(x: jax.Array, table: jax.Array, targets: jax.Array,
         x_tile, start, own = _tile(x, i, chunk, axis=1)
         targets_tile = _tile(targets, i, chunk, axis=1)[0]
         w = jnp.where(own, _tile(weights, i, chunk, axis=1)[0], 0.0)  # each position once
-        logits, lse, target_logit = _token_tile_stats(x_tile, table, targets_tile)
+        logits, lse, target_logit = _token_tile_stats(x_tile, table, targets_tile, stored)
         nll_sum = nll_sum + jnp.sum((lse - target_logit) * w)
         z_sum = z_sum + jnp.sum(jnp.square(lse) * w)
         if not with_grads:
@@ -263,25 +281,28 @@ def _token_tiled_forward(x: jax.Array, table: jax.Array, targets: jax.Array,
                              unroll=_UNROLL_TILES.get())
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
 def _token_tiled_sums(x: jax.Array, table: jax.Array, targets: jax.Array, weights: jax.Array,
-                      chunk: int, z_loss: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+                      chunk: int, z_loss: float, stored: jnp.dtype | None
+                      ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(nll_sum + z_loss z_sum, nll_sum, z_sum); only the first is differentiable."""
     nll_sum, z_sum, _, _ = _token_tiled_forward(x, table, targets, weights, chunk, z_loss,
-                                                with_grads=False)
+                                                with_grads=False, stored=stored)
     return nll_sum + z_loss * z_sum, nll_sum, z_sum
 
 
 def _token_tiled_sums_fwd(x: jax.Array, table: jax.Array, targets: jax.Array,
-                          weights: jax.Array, chunk: int, z_loss: float
+                          weights: jax.Array, chunk: int, z_loss: float,
+                          stored: jnp.dtype | None
                           ) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
     nll_sum, z_sum, dx, dtable = _token_tiled_forward(x, table, targets, weights, chunk,
-                                                      z_loss, with_grads=True)
+                                                      z_loss, with_grads=True, stored=stored)
     # A zero-size array of the table's dtype: residuals are arrays.
     return (nll_sum + z_loss * z_sum, nll_sum, z_sum), (dx, dtable, jnp.zeros(0, table.dtype))
 
 
-def _token_tiled_sums_bwd(chunk: int, z_loss: float, residuals: tuple[jax.Array, ...],
+def _token_tiled_sums_bwd(chunk: int, z_loss: float, stored: jnp.dtype | None,
+                          residuals: tuple[jax.Array, ...],
                           cotangents: tuple[jax.Array, ...]) -> tuple[jax.Array | None, ...]:
     # nll_sum and z_sum are reported with their gradient stopped: their cotangents are 0.
     dx, dtable, table_dtype = residuals

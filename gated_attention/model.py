@@ -45,12 +45,15 @@ class Transformer(nnx.Module):
                  segment_ids: jax.Array | None = None,
                  capture: frozenset[str] | tuple[str, ...] = frozenset(),
                  kv_caches: list[KVCache] | None = None,
+                 logits_dtype: jnp.dtype = jnp.float32,
                  ) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """kv_caches: one per layer when decoding (gated_attention/generate.py)."""
+        """kv_caches: one per layer when decoding (gated_attention/generate.py).
+        logits_dtype: what the logits matmul writes (float32 accumulation either way;
+        train.logits_dtype)."""
         x, head, aux_total = self.features(tokens, positions=positions,
                                            segment_ids=segment_ids, capture=capture,
                                            kv_caches=kv_caches)
-        logits = jnp.einsum("bsD,VD->bsV", x, head, preferred_element_type=jnp.float32)
+        logits = jnp.einsum("bsD,VD->bsV", x, head, preferred_element_type=logits_dtype)
         logits = constrain(logits, ("batch", "length", "vocab"))
         return logits, aux_total
 

@@ -105,15 +105,17 @@ def _loss_fn(graphdef: nnx.GraphDef, config: Any) -> Callable[..., Any]:
         model = nnx.merge(graphdef, params)
         # Unpacked rows may leave out segment_ids / positions (then cuDNN attention applies).
         features = dict(positions=batch.get("positions"), segment_ids=batch.get("segment_ids"))
+        stored = losses.stored_logits_dtype(train.get("logits_dtype", "float32"),
+                                            model.cfg.compute_dtype)
         if train.get("loss_chunk_size", 0):  # the logits a tile at a time
             x, table, aux = model.features(batch["inputs"], **features)
             chunked = (losses.token_tiled_cross_entropy
                        if train.get("loss_tiles", "vocab") == "tokens"
                        else losses.chunked_cross_entropy)
             loss, info = chunked(x, table, batch["targets"], batch["mask"], train.z_loss,
-                                 train.loss_chunk_size)
+                                 train.loss_chunk_size, stored)
         else:
-            logits, aux = model(batch["inputs"], **features)
+            logits, aux = model(batch["inputs"], **features, logits_dtype=stored)
             loss, info = losses.cross_entropy(logits, batch["targets"], batch["mask"],
                                               z_loss=train.z_loss)
         for name, weight_field in MOE_LOSSES:

@@ -11,6 +11,7 @@ from gated_attention.config_checks import choice, require
 
 ON_NONFINITE = ("stop", "skip")
 LOSS_TILES = ("vocab", "tokens")  # the axis the chunked loss tiles (config_lib.train_section)
+LOGITS_DTYPES = ("float32", "compute")  # what the logits matmul writes (train.logits_dtype)
 
 
 def check_section(train: Any) -> None:
@@ -45,6 +46,7 @@ def check_section(train: Any) -> None:
             f"train.loss_chunk_size={chunk!r} must be an integer >= 0 (entries per tile of the "
             "chunked loss along train.loss_tiles; 0 = the plain loss)")
     choice("train.loss_tiles", train.get("loss_tiles", "vocab"), LOSS_TILES)
+    choice("train.logits_dtype", train.get("logits_dtype", "float32"), LOGITS_DTYPES)
     for name in ("step_timeout_s", "first_step_timeout_s"):
         require(train.get(name, 0.0) >= 0,
                 f"train.{name}={train.get(name)} must be >= 0 seconds (0 turns the watchdog off)")

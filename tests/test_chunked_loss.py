@@ -3,9 +3,11 @@
 gradient computed in the forward pass): values and gradients with z-loss and masked
 positions, a vocabulary or sequence the tile does not divide (the clamped last tile), the
 token tiles' primal (eval) path without gradient matmuls, and the train loss of a tiny model
-through each path."""
+through each path; logits stored in bfloat16 (train.logits_dtype=compute) against the
+float64 loss of the rounded logits."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -204,7 +206,7 @@ def test_a_config_saved_without_loss_tiles_tiles_the_vocabulary(monkeypatch):
     # op, the model's forward took 5.5 of this file's 52 CPU-s).
     jax.eval_shape(train._loss_fn(graphdef, config), params,
                    {"inputs": tokens, "targets": tokens, "mask": tokens == 0})
-    assert len(called) == 1 and called[0][-1] == 128
+    assert len(called) == 1 and called[0][5] == 128  # (x, table, targets, mask, z, chunk, ..)
 
 
 @pytest.mark.parametrize("bad", ["sequence", "", None])
@@ -231,3 +233,83 @@ def test_paper_recipes_chunk_the_loss():
         assert train_section.loss_tiles == config_lib.PAPER_LOSS_TILES == "vocab"
     assert config_lib.base_config("tiny").train.loss_chunk_size == 0
     assert config_lib.base_config("tiny").train.loss_tiles == "vocab"
+
+
+def numpy_rounded_logits_loss(x, table, targets, mask):
+    """The float64 reference's loss and gradients with the logits rounded to bfloat16 once
+    (ml_dtypes' rounding of the float64 product): what a matmul that accumulates in float32
+    and writes bfloat16 feeds the softmax."""
+    import ml_dtypes
+
+    x, table = np.asarray(x, np.float64), np.asarray(table, np.float64)
+    logits = (x @ table.T).astype(ml_dtypes.bfloat16).astype(np.float64)
+    top = logits.max(-1, keepdims=True)
+    lse = (top + np.log(np.exp(logits - top).sum(-1, keepdims=True)))[..., 0]
+    w = np.asarray(mask, np.float64)
+    denom = max(w.sum(), 1.0)
+    target_logit = np.take_along_axis(logits, targets[..., None], -1)[..., 0]
+    dlogits = (w / denom)[..., None] * (np.exp(logits - lse[..., None])
+                                        - np.eye(table.shape[0])[targets])
+    return ((lse - target_logit) * w).sum() / denom, dlogits @ table, np.einsum(
+        "bsv,bsd->vd", dlogits, x)
+
+
+BF16_LOSSES = {
+    "plain": lambda x, t, y, m, chunk: losses.cross_entropy(
+        losses.logits_matmul(x, t, jnp.bfloat16), y, m)[0],
+    **{tiles: lambda x, t, y, m, chunk, f=f: f(x, t, y, m, chunk_size=chunk,
+                                                logits_dtype=jnp.bfloat16)[0]
+       for tiles, f in TILED.items()},
+}
+
+
+@pytest.mark.parametrize("path, chunk", [("plain", 0), ("vocab", 64), ("tokens", 5)])
+def test_bfloat16_stored_logits_match_the_float64_loss_of_rounded_logits(path, chunk):
+    """Logits written in bfloat16 and read back in float32 (each path): loss and gradients
+    are those of the rounded logits in float64; the float32 logits' loss is not (the
+    control: the rounding is there, and the tolerance sees it)."""
+    x, table, targets, mask = problem(seed=3, s=16, d=32, vocab=300)
+    x, table = x * 2.0, table * 2.0  # logits of a few units: a bfloat16 step of 1/64 or more
+    want, want_dx, want_dtable = numpy_rounded_logits_loss(x, table, targets, mask)
+    exact = numpy_loss_and_grads(x, table, targets, mask, 0.0)[0]
+    value, (dx, dtable) = jax.value_and_grad(
+        lambda x, t: BF16_LOSSES[path](x, t, jnp.asarray(targets), jnp.asarray(mask), chunk),
+        argnums=(0, 1))(jnp.asarray(x, jnp.float32), jnp.asarray(table, jnp.float32))
+    assert abs(exact - want) > 20 * 1e-6 * abs(want)  # the control
+    np.testing.assert_allclose(value, want, rtol=1e-6)
+    if path == "plain":  # autodiff runs the matmul's backward in its output dtype: the
+        for got, ref in ((dx, want_dx), (dtable, want_dtable)):  # logit gradient in bfloat16
+            assert np.abs(np.asarray(got, np.float64) - ref).max() < 0.02 * np.abs(ref).max()
+        return
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-3, atol=1e-5)  # the tiles: in float32
+    np.testing.assert_allclose(dtable, want_dtable, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("tiles, chunk", [("vocab", 0), ("vocab", 100), ("tokens", 12)])
+def test_train_logits_dtype_compute_writes_the_logits_in_bfloat16(tiles, chunk):
+    """train.logits_dtype=compute with model.dtype=bfloat16: the lowered train loss's logits
+    matmul writes bfloat16 (float32 without it: the control); the eval loss keeps float32."""
+    _, params = tiny_model()  # float32 parameters whatever the compute dtype
+
+    def logits_outputs(logits_dtype):
+        config = tiny_config(loss_chunk_size=chunk, loss_tiles=tiles, logits_dtype=logits_dtype)
+        config.model.dtype = "bfloat16"
+        config_lib.validate_run_config(config)
+        bf16_graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(
+            config_lib.model_config(config), rngs=nnx.Rngs(params=0))))[0]
+        tokens = jnp.zeros((2, 32), jnp.int32)
+        text = jax.jit(jax.grad(lambda p: train._loss_fn(bf16_graphdef, config)(p, {
+            "inputs": tokens, "targets": tokens, "mask": tokens == 0})[0])).lower(
+            params).as_text()
+        shape = {"plain": "2x32x300", "tokens": f"2x{chunk}x300", "vocab": f"2x32x{chunk}"}[
+            tiles if chunk else "plain"]  # a tile's logits (d_model is 128)
+        return re.findall(rf"stablehlo.dot_general.*-> tensor<{shape}x(\w+)>", text)
+
+    assert set(logits_outputs("compute")) == {"bf16"}
+    assert set(logits_outputs("float32")) == {"f32"}
+
+
+def test_bad_logits_dtypes_are_refused_naming_the_field():
+    with pytest.raises(config_lib.ConfigError, match=r"^train.logits_dtype='bfloat16' is not "
+                       r"allowed; choose one of float32, compute$"):
+        config_lib.validate_run_config(tiny_config(logits_dtype="bfloat16"))

@@ -5,8 +5,9 @@ logits, by hand; counted once per loop, as XLA does, they fall short: the contro
 token-tiled loss's FLOPs those of the plain loss (no recomputation), no float32
 [batch, seq, vocab] logits in a step with either chunked loss (the plain loss's step holds
 them: the control), the tied embedding's gradient kept per device as the parameter's shard in
-bfloat16 (no whole [vocab, d_model] copy in float32), and no float32 copy of q or k stored
-by QK-norm and RoPE (two separate steps store one: the control)."""
+bfloat16 (no whole [vocab, d_model] copy in float32), no float32 copy of q or k stored
+by QK-norm and RoPE (two separate steps store one: the control), and the token tiles'
+logits stored in bfloat16 with train.logits_dtype=compute."""
 
 import re
 import sys
@@ -121,6 +122,17 @@ def test_token_tiled_loss_step_holds_no_whole_float32_logits(token_tiled):
     # the table's gradient: the bfloat16 shard per tile, added up on the float32 shard
     assert f"bf16[{VOCAB},{D_MODEL // FSDP}]" in hlo["full"]
     assert f"f32[{VOCAB},{D_MODEL}]" not in hlo["full"]
+
+
+def test_token_tiles_with_compute_dtype_logits_store_them_in_bfloat16(token_tiled, mesh):
+    """train.logits_dtype=compute: the tile's logits matmul writes bfloat16 and no float32
+    tile of logits is stored (the float32 step stores one: the control)."""
+    config = tiny_config(TOKEN_TILE, layers=3, scan_layers=True, loss_tiles="tokens")
+    config.train.logits_dtype = "compute"
+    hlo = compile_step(config, mesh, "train").hlo_text
+    tile = f"{BATCH // FSDP},{TOKEN_TILE},{VOCAB}"
+    assert f"f32[{tile}]" in token_tiled[1]["full"]  # the control
+    assert f"f32[{tile}]" not in hlo and f"bf16[{tile}]" in hlo
 
 
 def test_chunked_loss_step_holds_no_whole_float32_logits(chunked, plain):
