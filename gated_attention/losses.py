@@ -46,13 +46,16 @@ def stored_logits_dtype(name: str, compute_dtype: jnp.dtype) -> jnp.dtype:
 
 def logits_matmul(x: jax.Array, table: jax.Array, stored: jnp.dtype | None = None
                   ) -> jax.Array:
-    """x @ table.T, accumulated in float32 (float64 references: float64), written in
-    `stored` (None: the accumulator's dtype) and read back in the accumulator's dtype: with a
-    bfloat16 `stored` the compiler keeps the bfloat16 product in memory and fuses the
-    widening into each reader."""
-    acc = _accumulator(x, table)
-    logits = jnp.einsum("bsd,vd->bsv", x, table, preferred_element_type=stored or acc)
-    return logits.astype(acc)
+    """x @ table.T, accumulated in float32 (float64 references: float64) and written in
+    `stored` (None: the accumulator's dtype). Readers widen it themselves (`widened`)."""
+    return jnp.einsum("bsd,vd->bsv", x, table,
+                      preferred_element_type=stored or _accumulator(x, table))
+
+
+def widened(logits: jax.Array) -> jax.Array:
+    """Logits as float32 (float64 stay float64): the compiler fuses the widening into each
+    reader, so a bfloat16 product stays the one copy in memory."""
+    return logits.astype(jnp.promote_types(jnp.float32, logits.dtype))
 
 
 def cross_entropy(logits: jax.Array, targets: jax.Array, mask: jax.Array,
@@ -62,9 +65,11 @@ def cross_entropy(logits: jax.Array, targets: jax.Array, mask: jax.Array,
     z_loss adds `z_loss * mean(logsumexp(logits)^2)`, which keeps the softmax normaliser near 1
     (as in PaLM); it is reported separately either way.
     """
-    logits = logits.astype(jnp.float32)
+    # The target logit picked from the logits as stored and then widened (exact): picked
+    # from a widened copy, the compiler stores that float32 copy for the gather.
+    target_logit = widened(jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0])
+    logits = widened(logits)
     lse = jax.nn.logsumexp(logits, axis=-1)
-    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     weights = mask.astype(jnp.float32)
     denom = jnp.maximum(jnp.sum(weights), 1.0)
     nll = jnp.sum((lse - target_logit) * weights) / denom
@@ -127,7 +132,7 @@ def _forward_sums(x, table, targets, weights, chunk, stored):
     def body(i, carry):
         running_max, running_sum, target_logit = carry
         rows, start, own = _tile(table, i, chunk)
-        logits = jnp.where(own, logits_matmul(x, rows, stored), -jnp.inf)
+        logits = jnp.where(own, widened(logits_matmul(x, rows, stored)), -jnp.inf)
         new_max = jnp.maximum(running_max, jnp.max(logits, axis=-1))
         running_sum = (running_sum * jnp.exp(running_max - new_max)
                        + jnp.sum(jnp.exp(logits - new_max[..., None]), axis=-1))
@@ -168,7 +173,7 @@ def _tiled_sums_bwd(chunk, stored, residuals, cotangents):
     def body(i, carry):
         dx, dtable = carry
         rows, start, own = _tile(table, i, chunk)
-        logits = logits_matmul(x, rows, stored)
+        logits = widened(logits_matmul(x, rows, stored))
         p = jnp.exp(logits - lse[..., None])
         hit = (targets[..., None] - start) == jnp.arange(chunk)
         dlogits = scale_p[..., None] * p - jnp.where(hit, scale_t[..., None], 0.0)
@@ -227,10 +232,12 @@ def token_tiled_cross_entropy(x: jax.Array, table: jax.Array, targets: jax.Array
 
 def _token_tile_stats(x_tile: jax.Array, table: jax.Array, targets_tile: jax.Array,
                       stored: jnp.dtype | None) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """A tile's float32 logits [b, chunk, vocab], their log-sum-exp and target logit."""
+    """A tile's float32 logits [b, chunk, vocab], their log-sum-exp and target logit (picked
+    before the widening, as `cross_entropy` picks it)."""
     logits = logits_matmul(x_tile, table, stored)
+    target_logit = widened(jnp.take_along_axis(logits, targets_tile[..., None], axis=-1)[..., 0])
+    logits = widened(logits)
     lse = jax.nn.logsumexp(logits, axis=-1)
-    target_logit = jnp.take_along_axis(logits, targets_tile[..., None], axis=-1)[..., 0]
     return logits, lse, target_logit
 
 

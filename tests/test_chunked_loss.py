@@ -256,7 +256,7 @@ def numpy_rounded_logits_loss(x, table, targets, mask):
 
 BF16_LOSSES = {
     "plain": lambda x, t, y, m, chunk: losses.cross_entropy(
-        losses.logits_matmul(x, t, jnp.bfloat16), y, m)[0],
+        losses.logits_matmul(x, t, jnp.bfloat16), y, m)[0],  # widened inside
     **{tiles: lambda x, t, y, m, chunk, f=f: f(x, t, y, m, chunk_size=chunk,
                                                 logits_dtype=jnp.bfloat16)[0]
        for tiles, f in TILED.items()},
