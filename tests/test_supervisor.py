@@ -383,8 +383,8 @@ def test_a_supervised_run_preempted_twice_finishes_by_itself_as_if_uninterrupted
     # The first preemption's SIGTERM came as step 8 ended: the run saved the step it stopped
     # at (8 or 9) in its grace (deleting the slice at once had killed that save and the log
     # copy: it resumed at 4). The second came during the resumed run's start-up: it stopped
-    # after its first step (jax's preemption notifier had never answered it: the run went on
-    # to step 16 inside the grace).
+    # after its first step (when the loop still asked jax's preemption notifier with the run's
+    # step, the notifier never answered it and the run went on to step 16 inside the grace).
     resumed = [int(n) for n in re.findall(r"Resumed \S+ from its checkpoint at step (\d+)",
                                           paths.read_current(f"{run_dir}/logs/worker-0.log"))]
     assert len(resumed) == 2 and resumed[0] >= 8 and resumed[1] == resumed[0] + 1, resumed
