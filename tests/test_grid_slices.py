@@ -178,6 +178,15 @@ def test_a_grid_on_two_slices_one_preempted_finishes_every_run_once(tmp_path,
     events = [json.loads(line) for line in run_grid.paths.resolve(
         f"{root}/supervisor/slice-a.events.jsonl").read_text().splitlines()]
     assert [e["action"] for e in events].count("recreate") == 1
+    # deleted once both workers' copies of their logs recorded the grid runner's exit, inside
+    # the grace (each worker's output in the bucket, by slice and worker)
+    broken, saved, recreate = (next(e for e in events if e["action"] == action)
+                               for action in ("broken", "saved", "recreate"))
+    assert saved["elapsed_s"] - broken["elapsed_s"] < test_supervisor.BROKEN_GRACE_S
+    assert recreate["elapsed_s"] >= saved["elapsed_s"]
+    fresh()
+    assert {p.rsplit("/", 1)[1] for p in bucket_objects(f"{root}/_worker_logs")} >= {
+        f"slice-{s}-worker-{w}.log" for s in "ab" for w in (0, 1)}
     manifest = json.loads(run_grid.paths.resolve(f"{root}/runs.json").read_text())
     assert sorted(manifest["runs"]) == sorted(r.name for r in runs)  # the summary is complete
 

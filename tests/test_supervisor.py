@@ -478,37 +478,43 @@ def test_a_preempted_slice_is_deleted_after_the_grace_a_vanished_vm_at_once(tmp_
     assert logged == (["broken", "recreate"] if waits else ["recreate"])
 
 
-def test_the_grace_ends_once_every_worker_logged_the_exit_of_its_attempt(tmp_path):
-    """A preempted run's slice is deleted before --broken-grace runs out once each of its
-    workers' logs in the bucket records a new `### exit` (worker_log's last line, copied
-    after the command ended): not while one worker's log lacks it, nor on an earlier
-    attempt's exit (the controls)."""
+@pytest.mark.parametrize("kind", ["run", "grid"])
+def test_the_grace_ends_once_every_worker_logged_the_exit_of_its_attempt(tmp_path, kind):
+    """A preempted slice is deleted before --broken-grace runs out once each of its workers'
+    logs in the bucket records a new `### exit` (worker_log's last line, copied after the
+    command ended): not while one worker's log lacks it, nor on an earlier attempt's exit,
+    nor on another slice's logs of the same grid (the controls)."""
     from gated_attention.pods.supervisor import Job, Options, Supervisor
 
     scripts: list[str] = []
-    logs = tmp_path / "runs" / "r" / "logs"
+    job = Job(kind=kind, name="r", bucket=str(tmp_path), grid="experiments/grids/smoke.py")
+    logs, prefix = ((tmp_path / "runs" / "r" / "logs", "") if kind == "run"
+                    else (tmp_path / "grids" / "r" / "_worker_logs", "fake-"))
     logs.mkdir(parents=True)
     earlier = "### 2026-01-01T00:00:00+00:00 w0: main\nstep 3\n### exit 143\n"
-    (logs / "worker-0.log").write_text(earlier)  # an earlier attempt, preempted
+    (logs / f"{prefix}worker-0.log").write_text(earlier)  # an earlier attempt, preempted
     pod = FakeSlice(cloud.HEALTHY, "ACTIVE/READY")
     pod.workers_running = lambda pattern: (2, 0)  # the probe counts two workers
-    supervisor = Supervisor("pod.env", pod, Job(kind="run", name="r", bucket=str(tmp_path)),
-                            Options(broken_grace_s=3600), sleep=time.sleep,
+    supervisor = Supervisor("pod.env", pod, job, Options(broken_grace_s=3600), sleep=time.sleep,
                             run=lambda argv: scripts.append(Path(argv[1]).name) or 0)
     supervisor.set_up = supervisor.preflighted = True
-    assert supervisor.step() is None and scripts == ["launch.sh"]
+    launch = "launch.sh" if kind == "run" else "launch_grid.sh"
+    assert supervisor.step() is None and scripts == [launch]
     assert supervisor.step() is None  # running: the probe counts the workers
     pod.answer = cloud.Health(cloud.BROKEN, "SUSPENDED")
     assert supervisor.step() is None  # the grace begins; no new exit anywhere yet
-    (logs / "worker-0.log").write_text(earlier + "### 2026-01-01T01:00:00+00:00 w0: main\n"
-                                       "step 9\n### exit 143\n")
-    (logs / "worker-1.log").write_text("### 2026-01-01T01:00:00+00:00 w1: main\nstep 9\n")
-    assert supervisor.step() is None and scripts == ["launch.sh"]  # worker 1 still saving
-    (logs / "worker-1.log").write_text("### 2026-01-01T01:00:00+00:00 w1: main\nstep 9\n"
-                                       "### exit 143\n")
+    (logs / f"{prefix}worker-0.log").write_text(
+        earlier + "### 2026-01-01T01:00:00+00:00 w0: main\nstep 9\n### exit 143\n")
+    (logs / f"{prefix}worker-1.log").write_text("### 2026-01-01T01:00:00+00:00 w1: main\n")
+    if kind == "grid":  # another slice's workers, both ended: not this slice's
+        for worker in (0, 1):
+            (logs / f"other-worker-{worker}.log").write_text("### exit 0\n")
+    assert supervisor.step() is None and scripts == [launch]  # worker 1 still saving
+    (logs / f"{prefix}worker-1.log").write_text("### 2026-01-01T01:00:00+00:00 w1: main\n"
+                                                "step 9\n### exit 143\n")
     assert supervisor.step() is None
-    assert scripts == ["launch.sh", "teardown.sh", "create.sh"] and supervisor.attempt == 1
-    logged = [json.loads(line) for line in (
-        tmp_path / "runs" / "r" / "supervisor" / "events.jsonl").read_text().splitlines()]
+    assert scripts == [launch, "teardown.sh", "create.sh"] and supervisor.attempt == 1
+    logged = [json.loads(line) for line in paths.resolve(
+        job.events_path(pod.name)).read_text().splitlines()]
     assert [e["action"] for e in logged] == ["launched", "broken", "saved", "recreate"]
     assert "every worker's log records its exit" in logged[2]["detail"]

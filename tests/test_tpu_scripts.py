@@ -161,9 +161,13 @@ def test_launch_grid_runs_the_grid_runner_with_a_gcs_root(tmp_path):
         in command
     remote = shlex.split(command)
     start = remote.index("experiments.run_grid")
-    assert remote[start - 6:start] == ["GATED_ATTENTION_MULTIHOST=1",
-                                       "GATED_ATTENTION_INIT_TIMEOUT_S=3600", "setsid", "nohup",
-                                       ".venv/bin/python", "-m"]
+    # the grid runner under worker_log, which copies each worker's output to the bucket
+    assert remote[start - 14:start] == [
+        "GATED_ATTENTION_MULTIHOST=1", "GATED_ATTENTION_INIT_TIMEOUT_S=3600", "setsid", "nohup",
+        ".venv/bin/python", "-m", "gated_attention.pods.worker_log",
+        "--dest", "gs://bkt/ga/grids/t1/_worker_logs",
+        "--name", "ga-pod-worker-$GATED_ATTENTION_WORKER_ID.log", "--",
+        ".venv/bin/python", "-m"]
     assert remote[start + 1:start + 15] == [
         "experiments/grids/table1.py", "--root", "gs://bkt/ga/grids/t1", "--parallel", "1",
         "--worker", "$GATED_ATTENTION_WORKER_ID", "--scale", "tiny",
@@ -213,9 +217,10 @@ def test_launch_grid_remote_command_runs_with_the_metadata_worker_number(tmp_pat
     while not (ran.exists() and ran.read_text().endswith("\n")) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ran.read_text() == (
-        "id=3 multihost=1 timeout=3600 args=-m experiments.run_grid "
-        "experiments/grids/table1.py --root gs://bkt/ga/grids/t1 --parallel 1 --worker 3 "
-        "--scale tiny\n")
+        "id=3 multihost=1 timeout=3600 args=-m gated_attention.pods.worker_log --dest "
+        "gs://bkt/ga/grids/t1/_worker_logs --name ga-pod-worker-3.log -- .venv/bin/python -m "
+        "experiments.run_grid experiments/grids/table1.py --root gs://bkt/ga/grids/t1 "
+        "--parallel 1 --worker 3 --scale tiny\n")
     assert (home / "logs" / "grid-t1.log").exists()
 
 

@@ -9,7 +9,8 @@
 # Launching it again resumes the grid: finished runs are skipped, interrupted ones resume
 # from their checkpoints.
 # Each worker asks the TPU VM metadata server for its worker number and passes it as --worker:
-# all workers launch the same commands, only worker 0 writes status files and logs to $BUCKET.
+# all workers launch the same commands, only worker 0 writes status files and logs to $BUCKET;
+# each worker's own output is copied to $BUCKET/grids/NAME/_worker_logs/ as it runs.
 # --claim: several slices (one settings file each, same BUCKET and NAME) share the grid: each
 # takes the next pending run by a claim in the bucket that two slices cannot both win, and
 # analyses once nothing is left to train (experiments.run_grid --slice $TPU_NAME).
@@ -67,6 +68,13 @@ grid=".venv/bin/python -m experiments.run_grid $(printf '%q' "$FLAG_grid")"
 grid+=" --root $(printf '%q' "$root") --parallel 1$grid_worker$(quoted_passthrough)"
 ((FLAG_claim)) && grid+=" --slice $(printf '%q' "$TPU_NAME")"
 log="$REMOTE_LOGS/grid-$FLAG_name.log"
+# worker_log runs the grid runner, keeps its output in $log and copies it to
+# $root/_worker_logs/$TPU_NAME-worker-N.log every minute and when it ends (an `### exit`
+# line: the supervisor deletes a preempted slice once every worker's copy has one).
+wrapped=".venv/bin/python -m gated_attention.pods.worker_log --dest $(printf '%q' "$root/_worker_logs")"
+# The remote shell expands $GATED_ATTENTION_WORKER_ID.
+# shellcheck disable=SC2016
+wrapped+=" --name $(printf '%q' "$TPU_NAME")"'-worker-$GATED_ATTENTION_WORKER_ID.log -- '"$grid"
 # Every worker: its number from the metadata server (or stop with a message, launching
 # nothing), then the grid runner in the background (setsid + nohup: it survives the ssh connection).
 remote="mkdir -p $REMOTE_LOGS && cd $REMOTE_DIR"
@@ -74,7 +82,7 @@ remote+=" && if GATED_ATTENTION_WORKER_ID=\$($worker_id); then export GATED_ATTE
 # Only worker 0 analyses each run (one host's job); meanwhile the others wait to join the
 # next run, for up to an hour instead of jax's 5 minutes.
 remote+=" GATED_ATTENTION_MULTIHOST=1 GATED_ATTENTION_INIT_TIMEOUT_S=3600"
-remote+=" setsid nohup $grid > $log 2>&1 < /dev/null &"
+remote+=" setsid nohup $wrapped > $log 2>&1 < /dev/null &"
 remote+=" else echo \"error: \$(hostname): no worker number from the TPU metadata server\" >&2;"
 remote+=" exit 1; fi"
 tpu_ssh all "$remote"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Keep a run (or, with --grid, a grid) alive on the TPU until it is done, with no human: it
 # watches the slice, and on SUSPENDED, PREEMPTED or FAILED deletes it once its workers had
-# --broken-grace seconds to save their checkpoint and logs (a run: or once every worker's log
-# in the bucket records its exit; a vanished VM: at once), creates
+# --broken-grace seconds to save their checkpoint and logs (or once every worker's log in the
+# bucket records its exit; a vanished VM: at once), creates
 # it again, waits for ACTIVE, sets it up and launches again (the run resumes from its last
 # checkpoint, a grid skips its finished runs); a run that died on a healthy slice is launched
 # again. It stops when the bucket records completion (exit 0), or after --max-restarts

@@ -14,7 +14,7 @@
   PREEMPTED, FAILED, a vanished VM): a spot VM cannot be restarted: after `--broken-grace`
   seconds (a preempted VM's processes have about 30 s after their SIGTERM to save the step's
   checkpoint and copy their logs; deleting the slice sooner kills both), or as soon as every
-  worker's log in the bucket records this attempt's exit (a run: they have saved and ended),
+  worker's log in the bucket records this attempt's exit (they have saved and ended),
   delete it (teardown.sh), create it again; HEALTHY: if not set up since it was created, set up
   (setup.sh) and launch (launch.sh / launch_grid.sh); if set up but no worker runs the job
   any more (it crashed, a maintenance event restarted the VM, a watchdog ended it), launch
@@ -86,20 +86,22 @@ class Job:
             return f"{train_command.MODULE} .*--workdir={self.home}( |$)"
         return f"experiments.run_grid .*--root {self.home}( |$)"
 
-    def logged_exits(self) -> dict[str, tuple[int, int]] | None:
-        """Per worker log in the bucket: (the exits it records, its length). worker_log ends
-        each attempt's log with an `### exit` line, copied after the command ended. None for
-        a grid, whose workers keep no such log."""
-        if self.kind != "run":
-            return None
+    def logged_exits(self, tpu_name: str) -> dict[str, tuple[int, int]]:
+        """Per worker log in the bucket of the job on slice `tpu_name`: (the exits it
+        records, its length). The workers run under worker_log (launch.sh, launch_grid.sh),
+        which ends each attempt's copy with an `### exit` line once the command ended. A
+        run's logs are `<run>/logs/*.log`; a grid's, `<grid>/_worker_logs/<tpu>-worker-N.log`
+        (the slices of a claimed grid share the folder)."""
         from gated_attention.pods import claims
 
         claims.invalidate_listings()
-        logs = paths.resolve(self.home) / "logs"
+        folder, pattern = (("logs", "*.log") if self.kind == "run"
+                           else ("_worker_logs", f"{tpu_name}-worker-*.log"))
+        logs = paths.resolve(self.home) / folder
         if not logs.exists():
             return {}
         counts = {}
-        for log in logs.glob("*.log"):
+        for log in logs.glob(pattern):
             try:
                 text = paths.read_current(log)
             except FileNotFoundError:  # deleted between the listing and the read
@@ -212,7 +214,7 @@ class Supervisor:
                 self.events.write(state, "setup_failed", self.attempt, f"setup.sh exited {rc}")
                 return False
             self.set_up = True
-        self.exits_before_launch = self.job.logged_exits()
+        self.exits_before_launch = self.job.logged_exits(self.tpu.name)
         script, args = self.job.launch(
             preflight=not (self.preflighted and supports_flag("launch.sh" if self.job.kind ==
                                                               "run" else "launch_grid.sh",
@@ -302,15 +304,13 @@ class Supervisor:
         """Whether the workers of the attempt launched last have all logged their exit (so
         deleting the slice loses nothing): a new exit in as many logs as the slice's last
         probe counted workers, and no log that changed since the launch without one. Unknown
-        (no worker count yet, a grid, an unreadable bucket): False, the grace runs out."""
+        (no worker count yet, an unreadable bucket): False, the grace runs out."""
         before = self.exits_before_launch
         if not self.launched or not self.workers or before is None:
             return False
         try:
-            now = self.job.logged_exits()
+            now = self.job.logged_exits(self.tpu.name)
         except OSError:
-            return False
-        if now is None:
             return False
         changed = {name: exits > before.get(name, (0, 0))[0]
                    for name, (exits, length) in now.items()
@@ -355,7 +355,7 @@ def dry_run(config: str, tpu: cloud.Slice, job: Job) -> int:
           f"{cloud._quote('pgrep -f ' + cloud._quote(job.process_pattern))}\n"
           "# ... no worker runs it and it is not done: launch again (a restart)", flush=True)
     show("SUSPENDED / PREEMPTED / FAILED: after --broken-grace seconds (the workers' time to "
-         "save; a run: or once every worker's log records its exit), delete, then create, "
+         "save; or once every worker's log records its exit), delete, then create, "
          "set up, launch (a restart); no VM: the same at once",
          "teardown.sh", "--yes")
     print(f"# events: {job.events_path(tpu.name)}", flush=True)
@@ -389,7 +389,7 @@ def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
                        "before giving up.", flag_values=flag_values)
     flags.DEFINE_float("broken-grace", 30.0, "Seconds a preempted or failed slice's workers "
                        "get to save their checkpoint and logs before the slice is deleted "
-                       "(a run's: sooner once every worker's log records its exit).",
+                       "(sooner once every worker's log records its exit).",
                        flag_values=flag_values)
     flags.DEFINE_integer("max-polls", None, "Stop after this many polls (tests).",
                          flag_values=flag_values)
