@@ -95,8 +95,7 @@ def chunked_cross_entropy(x: jax.Array, table: jax.Array, targets: jax.Array,
     vocab = table.shape[0]
     chunk = max(1, min(int(chunk_size), vocab))
     weights = mask.astype(_accumulator(x, table))
-    stored = None if logits_dtype is None else jnp.dtype(logits_dtype)
-    nll_sum, z_sum = _tiled_sums(x, table, targets, weights, chunk, stored)
+    nll_sum, z_sum = _tiled_sums(x, table, targets, weights, chunk, logits_dtype)
     denom = jnp.maximum(jnp.sum(weights), 1.0)
     nll, z = nll_sum / denom, z_sum / denom
     return nll + z_loss * z, {"nll": nll, "z_loss": z, "tokens": jnp.sum(weights)}
@@ -221,9 +220,8 @@ def token_tiled_cross_entropy(x: jax.Array, table: jax.Array, targets: jax.Array
     seq = x.shape[1]
     chunk = max(1, min(int(chunk_size), seq))
     weights = mask.astype(_accumulator(x, table))
-    stored = None if logits_dtype is None else jnp.dtype(logits_dtype)
     loss_sum, nll_sum, z_sum = _token_tiled_sums(x, table, targets, weights, chunk,
-                                                 float(z_loss), stored)
+                                                 float(z_loss), logits_dtype)
     denom = jnp.maximum(jnp.sum(weights), 1.0)
     nll = jax.lax.stop_gradient(nll_sum) / denom
     z = jax.lax.stop_gradient(z_sum) / denom

@@ -42,9 +42,9 @@ from absl import flags
 from gated_attention import cli_flags, paths, train_command
 from gated_attention.pods import cloud
 from gated_attention.pods.events import EventLog
+from gated_attention.pods.worker_log import EXIT_LINE
 
 SCRIPTS_DIR = str(Path(__file__).resolve().parents[2] / "tpu_scripts")
-EXIT_MARK = "\n### exit "  # worker_log's last line of an attempt's log
 EXIT_DONE, EXIT_GAVE_UP = 0, 1
 
 
@@ -106,7 +106,7 @@ class Job:
                 text = paths.read_current(log)
             except FileNotFoundError:  # deleted between the listing and the read
                 continue
-            counts[log.name] = (text.count(EXIT_MARK), len(text))
+            counts[log.name] = (text.count("\n" + EXIT_LINE), len(text))
         return counts
 
     def finished(self) -> bool:
@@ -179,7 +179,7 @@ class Supervisor:
         self.waiting_since: float | None = None
         self.broken_since: float | None = None
         self.workers: int | None = None  # the slice's workers, as its last probe counted
-        self.exits_before_launch: dict[str, int] | None = None
+        self.exits_before_launch: dict[str, tuple[int, int]] | None = None
 
     def _run_script(self, argv: list[str]) -> int:
         print(f"$ {' '.join(argv)}", flush=True)
@@ -314,7 +314,7 @@ class Supervisor:
             return False
         changed = {name: exits > before.get(name, (0, 0))[0]
                    for name, (exits, length) in now.items()
-                   if (exits, length) != before.get(name, (0, 0))}
+                   if (exits, length) != before.get(name)}
         return all(changed.values()) and len(changed) >= self.workers
 
     def loop(self) -> int:

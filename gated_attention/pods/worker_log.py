@@ -30,6 +30,7 @@ from gated_attention import cli_flags, paths
 WORKER_ENV = ("TPU_WORKER_ID", "CLOUD_TPU_TASK_ID")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 DEFAULT_LOCAL = "~/.cache/gated_attention/worker_logs"
+EXIT_LINE = "### exit "  # begins an attempt's last line, written once its command ended
 
 
 def worker_name(env: Mapping[str, str] | None = None) -> str:
@@ -110,7 +111,7 @@ def run(command: Sequence[str], dest: str, name: str, every: float = 60.0,
         pumping.join(timeout=5.0)
         done.set()
         with lock:
-            out.write(f"### exit {rc if rc >= 0 else 128 - rc}\n".encode())
+            out.write(f"{EXIT_LINE}{rc if rc >= 0 else 128 - rc}\n".encode())
             out.close()
     copier.copy()
     return rc if rc >= 0 else 128 - rc
