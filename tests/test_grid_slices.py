@@ -184,9 +184,15 @@ def test_a_grid_on_two_slices_one_preempted_finishes_every_run_once(tmp_path,
                                for action in ("broken", "saved", "recreate"))
     assert saved["elapsed_s"] - broken["elapsed_s"] < test_supervisor.BROKEN_GRACE_S
     assert recreate["elapsed_s"] >= saved["elapsed_s"]
-    fresh()
-    assert {p.rsplit("/", 1)[1] for p in bucket_objects(f"{root}/_worker_logs")} >= {
-        f"slice-{s}-worker-{w}.log" for s in "ab" for w in (0, 1)}
+    # A slice's supervisor ends once the grid is done, which can be before its workers' grid
+    # runners have exited and made their last copy: wait for the copies of every slice that
+    # launched (slice-b may find the grid done before its first launch on a slow host).
+    launched = [s for s in "ab" if "launched" in run_grid.paths.resolve(
+        f"{root}/supervisor/slice-{s}.events.jsonl").read_text()]
+    assert "a" in launched
+    wanted = {f"slice-{s}-worker-{w}.log" for s in launched for w in (0, 1)}
+    wait_for(lambda: {p.rsplit("/", 1)[1] for p in bucket_objects(f"{root}/_worker_logs")}
+             >= wanted, 60, f"the worker logs {sorted(wanted)}")
     manifest = json.loads(run_grid.paths.resolve(f"{root}/runs.json").read_text())
     assert sorted(manifest["runs"]) == sorted(r.name for r in runs)  # the summary is complete
 
