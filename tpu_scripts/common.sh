@@ -250,6 +250,15 @@ quoted_passthrough() {
   printf ' %q' "${PASSTHROUGH[@]}"
 }
 
+# with_worker_log DEST NAME COMMAND: COMMAND run under gated_attention.pods.worker_log, which
+# keeps its output and copies it to DEST/NAME every minute and when it ends (an `### exit`
+# line: the supervisor deletes a preempted slice once every worker's copy has one); it exits
+# with COMMAND's code. NAME goes to the remote shell as given (it may name a variable there).
+with_worker_log() {
+  printf '.venv/bin/python -m gated_attention.pods.worker_log --dest %q --name %s -- %s' \
+    "$1" "$2" "$3"
+}
+
 # A run or grid name goes into paths: keep it to letters, digits, dot, dash and underscore.
 check_name() {
   [[ -n "$2" ]] || die "$1 is required (e.g. $1 table1_tiny)"

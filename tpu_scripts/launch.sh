@@ -66,10 +66,8 @@ while read -r node; do
     env+=" MEGASCALE_NUM_SLICES=$SLICES MEGASCALE_SLICE_ID=$slice MEGASCALE_PORT=$MEGASCALE_PORT"
     logname="slice-$slice-worker-{worker}.log"
   fi
-  # worker_log runs main, keeps its output in $log and copies it to the bucket every minute
-  # and at the end ({worker} becomes the worker's number); it exits with main's code.
-  wrapped=".venv/bin/python -m gated_attention.pods.worker_log"
-  wrapped+=" --dest $(printf '%q' "$workdir/logs") --name $logname -- $main"
+  # main's output in $log and in $workdir/logs ({worker} becomes the worker's number)
+  wrapped=$(with_worker_log "$workdir/logs" "$logname" "$main")
   # Every worker runs the same command; GATED_ATTENTION_MULTIHOST=1 makes main.py join them
   # with jax.distributed.initialize(). setsid + nohup: the run survives the ssh connection.
   remote="mkdir -p $REMOTE_LOGS && cd $REMOTE_DIR && $env setsid nohup"

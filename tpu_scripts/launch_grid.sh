@@ -68,13 +68,11 @@ grid=".venv/bin/python -m experiments.run_grid $(printf '%q' "$FLAG_grid")"
 grid+=" --root $(printf '%q' "$root") --parallel 1$grid_worker$(quoted_passthrough)"
 ((FLAG_claim)) && grid+=" --slice $(printf '%q' "$TPU_NAME")"
 log="$REMOTE_LOGS/grid-$FLAG_name.log"
-# worker_log runs the grid runner, keeps its output in $log and copies it to
-# $root/_worker_logs/$TPU_NAME-worker-N.log every minute and when it ends (an `### exit`
-# line: the supervisor deletes a preempted slice once every worker's copy has one).
-wrapped=".venv/bin/python -m gated_attention.pods.worker_log --dest $(printf '%q' "$root/_worker_logs")"
-# The remote shell expands $GATED_ATTENTION_WORKER_ID.
+# The grid runner's output in $log and in $root/_worker_logs/$TPU_NAME-worker-N.log; the
+# remote shell expands $GATED_ATTENTION_WORKER_ID.
 # shellcheck disable=SC2016
-wrapped+=" --name $(printf '%q' "$TPU_NAME")"'-worker-$GATED_ATTENTION_WORKER_ID.log -- '"$grid"
+wrapped=$(with_worker_log "$root/_worker_logs" \
+  "$(printf '%q' "$TPU_NAME")"'-worker-$GATED_ATTENTION_WORKER_ID.log' "$grid")
 # Every worker: its number from the metadata server (or stop with a message, launching
 # nothing), then the grid runner in the background (setsid + nohup: it survives the ssh connection).
 remote="mkdir -p $REMOTE_LOGS && cd $REMOTE_DIR"
