@@ -1,6 +1,8 @@
 """Test set-up: eight fake CPU devices, and 64-bit only where a test asks.
 
-Tests run the program users run: XLA's default compiles and jax's default 32-bit mode. A
+Tests run the program users run: jax's default 32-bit mode, and XLA's default compiles in
+every process a test starts and for every TPU or GPU target (the modules of many small CPU
+compiles listed in FAST_COMPILE_MODULES compile theirs with XLA's backend optimisation off). A
 test that compares against a float64 reference computed with jax requests the `x64` fixture
 (or a module sets `pytestmark = pytest.mark.usefixtures("x64")`); pyproject.toml turns jax's
 "float64 is not available" warning into an error, so a float64 reference silently truncated
@@ -159,6 +161,38 @@ def compilation_cache_stays_in_its_module():
         for name, value in before.items():
             jax.config.update(name, value)
         compilation_cache.reset_cache()
+
+
+# Modules whose time is mostly many small CPU compiles (every variant, kernel case or layer
+# configuration compiled once, run once or twice) compile in this process with
+# jax_disable_most_optimizations: XLA's backend (LLVM) optimisation level 0. Measured
+# 2026-12-03 on 2 cores, in three groups, without and with it: 223 CPU-s against 130, 198
+# against 151, and 138 s of test time against 115 (test_model's every-variant test alone:
+# 69 CPU-s against 44). Not for trainings: their steps run
+# many times, and at level 0 a tiny step costs several times the CPU (all modules at level
+# 0, in every process, made the whole suite slower). Never for TPU or GPU targets: a test that
+# needs libtpu or the CUDA compile pair compiles as users do.
+FAST_COMPILE_MODULES = frozenset(f"test_{name}.py" for name in (
+    "model", "generate", "moe", "scan_layers", "beyond_variants", "attention_layer",
+    "gate_live", "chunked_loss", "hf_qwen3_next", "pallas_gpu", "pallas_windows",
+    "chunked_attention", "switch_kv_reference", "pallas_tpu", "seeds", "flash_gate_backward",
+    "telemetry", "reference_attention", "analysis", "pallas_sharded", "pallas_splash"))
+TARGET_COMPILERS = frozenset({"libtpu", "jax_plugins.xla_cuda12"})
+
+
+@pytest.fixture(autouse=True)
+def fast_compile_in_listed_modules(request):
+    """jax_disable_most_optimizations on for one test of FAST_COMPILE_MODULES (in this
+    process only: the processes it starts compile as users do), off again after it."""
+    needs = {name for mark in request.node.iter_markers("needs") for name in mark.args}
+    if request.node.path.name not in FAST_COMPILE_MODULES or needs & TARGET_COMPILERS:
+        yield
+        return
+    jax.config.update("jax_disable_most_optimizations", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", False)
 
 
 @pytest.fixture
