@@ -9,6 +9,8 @@ import pytest
 
 from gated_attention import ops
 
+pytestmark = pytest.mark.reference("independent")  # float64 numpy
+
 BF16_EPS = float(np.finfo(ml_dtypes.bfloat16).eps)  # 2**-7: one rounding is at most half
 
 
