@@ -168,9 +168,9 @@ def compilation_cache_stays_in_its_module():
 # jax_disable_most_optimizations: XLA's backend (LLVM) optimisation level 0. Measured
 # 2026-12-03 on 2 cores, in three groups, without and with it: 223 CPU-s against 130, 198
 # against 151, and 138 s of test time against 115 (test_model's every-variant test alone:
-# 69 CPU-s against 44). Not for trainings: their steps run
-# many times, and at level 0 a tiny step costs several times the CPU (all modules at level
-# 0, in every process, made the whole suite slower). Never for TPU or GPU targets: a test that
+# 69 CPU-s against 44). Not for trainings: their steps run many times, and at level 0 a tiny
+# step costs several times the CPU (all modules at level 0, in every process, made the whole
+# suite slower). Never for TPU or GPU targets: a test that
 # needs libtpu or the CUDA compile pair compiles as users do.
 FAST_COMPILE_MODULES = frozenset(f"test_{name}.py" for name in (
     "model", "generate", "moe", "scan_layers", "beyond_variants", "attention_layer",
@@ -183,16 +183,17 @@ TARGET_COMPILERS = frozenset({"libtpu", "jax_plugins.xla_cuda12"})
 @pytest.fixture(autouse=True)
 def fast_compile_in_listed_modules(request):
     """jax_disable_most_optimizations on for one test of FAST_COMPILE_MODULES (in this
-    process only: the processes it starts compile as users do), off again after it."""
+    process only: the processes it starts compile as users do), as it was again after it."""
     needs = {name for mark in request.node.iter_markers("needs") for name in mark.args}
     if request.node.path.name not in FAST_COMPILE_MODULES or needs & TARGET_COMPILERS:
         yield
         return
+    before = jax.config.values["jax_disable_most_optimizations"]
     jax.config.update("jax_disable_most_optimizations", True)
     try:
         yield
     finally:
-        jax.config.update("jax_disable_most_optimizations", False)
+        jax.config.update("jax_disable_most_optimizations", before)
 
 
 @pytest.fixture
