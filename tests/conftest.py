@@ -168,32 +168,64 @@ def compilation_cache_stays_in_its_module():
 # jax_disable_most_optimizations: XLA's backend (LLVM) optimisation level 0. Measured
 # 2026-12-03 on 2 cores, in three groups, without and with it: 223 CPU-s against 130, 198
 # against 151, and 138 s of test time against 115 (test_model's every-variant test alone:
-# 69 CPU-s against 44). Not for trainings: their steps run many times, and at level 0 a tiny
-# step costs several times the CPU (all modules at level 0, in every process, made the whole
-# suite slower). Never for TPU or GPU targets: a test that
-# needs libtpu or the CUDA compile pair compiles as users do.
+# 69 CPU-s against 44). Not for every training: a step runs many times, and at level 0 a
+# tiny step costs several times the CPU (all modules at level 0, in every process, made the
+# whole suite slower), so a training module is listed only where it was measured faster.
+# Never for TPU or GPU targets: a test that needs libtpu or the CUDA compile pair compiles as
+# users do.
+# The second group holds short in-process trainings and data runs, each module measured alone
+# on 2 cores on 2026-12-03 (CPU-s of its pytest process, without -> with, its shared fixtures
+# compiled the same way): eviction 33.0 -> 18.1, intervene 29.9 -> 18.5, hf_convert 46.0 ->
+# 25.3, data_train 31.1 -> 16.0, data_sections 14.4 -> 9.0, hf 17.5 -> 13.8, sinks 21.3 ->
+# 18.0, evaluate_length 20.6 -> 12.7, init_from 17.9 -> 10.5, records 13.9 -> 11.9,
+# data_sources 15.8 -> 11.0, train 30.2 -> 26.0, data_registry 9.2 -> 6.1, multihost 32.0 ->
+# 29.6 (its two processes compile as users do). Not listed: test_faults (it compares a run
+# of this process bit for bit with runs of processes it starts, which compile as users do),
+# test_passkey_training (32.1 -> 31.7: its training's steps), test_sharding, test_inspect,
+# test_seqio and test_data_walkthrough (within 1 CPU-s).
 FAST_COMPILE_MODULES = frozenset(f"test_{name}.py" for name in (
     "model", "generate", "moe", "scan_layers", "beyond_variants", "attention_layer",
     "gate_live", "chunked_loss", "hf_qwen3_next", "pallas_gpu", "pallas_windows",
     "chunked_attention", "switch_kv_reference", "pallas_tpu", "seeds", "flash_gate_backward",
-    "telemetry", "reference_attention", "analysis", "pallas_sharded", "pallas_splash"))
+    "telemetry", "reference_attention", "analysis", "pallas_sharded", "pallas_splash",
+    # short trainings and data runs in this process
+    "eviction", "intervene", "hf_convert", "data_train", "data_sections", "hf", "sinks",
+    "evaluate_length", "init_from", "records", "data_sources", "train", "data_registry",
+    "multihost"))
 TARGET_COMPILERS = frozenset({"libtpu", "jax_plugins.xla_cuda12"})
 
 
-@pytest.fixture(autouse=True)
-def fast_compile_in_listed_modules(request):
-    """jax_disable_most_optimizations on for one test of FAST_COMPILE_MODULES (in this
-    process only: the processes it starts compile as users do), as it was again after it."""
-    needs = {name for mark in request.node.iter_markers("needs") for name in mark.args}
-    if request.node.path.name not in FAST_COMPILE_MODULES or needs & TARGET_COMPILERS:
-        yield
-        return
+def _set_fast_compile(on: bool):
+    """jax_disable_most_optimizations set to `on` until the generator is closed, then as it
+    was (a run started with it on keeps it on)."""
     before = jax.config.values["jax_disable_most_optimizations"]
-    jax.config.update("jax_disable_most_optimizations", True)
+    jax.config.update("jax_disable_most_optimizations", on)
     try:
         yield
     finally:
         jax.config.update("jax_disable_most_optimizations", before)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def fast_compile_in_listed_modules(request):
+    """jax_disable_most_optimizations on for a module of FAST_COMPILE_MODULES, its shared
+    fixtures included (a trained run and the tests that compare with it compile alike), in
+    this process only: the processes it starts compile as users do."""
+    if request.node.path.name not in FAST_COMPILE_MODULES:
+        yield
+        return
+    yield from _set_fast_compile(True)
+
+
+@pytest.fixture(autouse=True)
+def target_compiles_as_users_do(request):
+    """Off again for a test that needs libtpu or the CUDA compile pair (TPU and GPU targets
+    compile as users compile them)."""
+    needs = {name for mark in request.node.iter_markers("needs") for name in mark.args}
+    if not needs & TARGET_COMPILERS:
+        yield
+        return
+    yield from _set_fast_compile(False)
 
 
 @pytest.fixture
