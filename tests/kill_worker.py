@@ -7,8 +7,9 @@ still in flight), `final_eval` (inside the last held-out evaluation), or `random
 (at a uniformly random time within SECONDS of the first training batch; a run that reaches
 its final evaluation first waits there for the kill, so the kill always lands before the run
 ends). jax runs with the settings of tests/conftest.py (32-bit, 8 fake devices, the same
-compile flags) so that the compiled steps, and so the numbers, equal those of the test
-process.
+compile flags, and the test process's XLA optimisation level, which the test passes in
+JAX_DISABLE_MOST_OPTIMIZATIONS) so that the compiled steps, and so the numbers, equal those of
+the test process.
 """
 
 from __future__ import annotations

@@ -73,8 +73,11 @@ def test_kill_9_at_any_moment_then_resume_equals_an_uninterrupted_run(reference)
     root, config, reference_dir = reference
     config_json = root / "config.json"
     config_json.write_text(json.dumps(workdir.config_dict(config)))
+    # the workers compile as this process does (tests/conftest.py: FAST_COMPILE_MODULES)
+    fast = jax.config.values["jax_disable_most_optimizations"]
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(root / "jax_cache"),
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+           "JAX_DISABLE_MOST_OPTIMIZATIONS": "1" if fast else "0"}
     moments = ["after_checkpoint:8", "final_eval", "random:2.0"]
     workers = [subprocess.Popen([sys.executable, str(HERE / "kill_worker.py"), str(config_json),
                                  str(root / f"killed_{i}"), moment], env=env, text=True,
