@@ -58,6 +58,8 @@ class ModelConfig:
     dtype: str = "float32"
     attention_impl: str = "auto"  # one of ops.IMPLS; "auto" picks per compile target
     block_sizes: tuple[tuple[str, int], ...] = ()
+    # Splash's backward: dq, dk and dv in one kernel (True) or dq in its own (ops/splash.py).
+    splash_fused_backward: bool = False
     remat: str = "none"
     # One scanned block over parameters stacked on a leading "layers" axis (flat compile time).
     scan_layers: bool = False
@@ -105,6 +107,9 @@ class ModelConfig:
         choice("model.dtype", self.dtype, DTYPES)
         choice("model.remat", self.remat, REMAT_CHOICES)
         choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        require(isinstance(self.splash_fused_backward, bool),
+                f"model.splash_fused_backward={self.splash_fused_backward!r} must be true or "
+                "false")
         require(not self.head_dim % 2, f"model.head_dim={self.head_dim} must be even for RoPE")
         require(0 < self.partial_rotary_factor <= 1 and not self.rotary_dim % 2
                 and self.rotary_dim > 0,

@@ -31,9 +31,19 @@ def _kernel(q, k, v, **kwargs):
         return ops.attention(q, k, v, impl="splash", interpret=True, **kwargs)
 
 
+def _fused_backward_kernel(q, k, v, **kwargs):
+    return _kernel(q, k, v, splash_fused_backward=True, **kwargs)
+
+
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_matches_float64_reference(case: Case):
+    """The default backward: dq in its own kernel."""
     flash_cases.check_case(_kernel, case)
+
+
+def test_fused_backward_matches_float64_reference():
+    """splash_fused_backward=True: dq, dk and dv from one kernel (the sink's gradient too)."""
+    flash_cases.check_case(_fused_backward_kernel, CASES[0])
 
 
 # Between them: every normaliser splash serves, every gate kind, segments or not, causal or
@@ -55,6 +65,23 @@ def test_compiles_for_tpu_generations(topology: str, features: dict):
     assert "tpu_custom_call" in text
     assert "splash" in text
     assert "gated_flash" not in text  # the project's own kernel is not what ran
+
+
+@pytest.mark.needs("libtpu")
+def test_backward_kernels_compiled_for_tpu_are_the_ones_asked_for():
+    """The default backward compiles a dq kernel and a dk/dv kernel; the fused one a single
+    kernel for all three (no dq kernel)."""
+    split = flash_cases.tpu_compiled_text("v5p:2x2x1", impl="splash")
+    fused = flash_cases.tpu_compiled_text("v5p:2x2x1", impl="splash",
+                                          splash_fused_backward=True)
+    assert "splash_mha_dq" in split and "splash_mha_dkv" in split
+    assert "splash_mha_dq" not in fused and "splash_mha_dkv" in fused
+
+
+def test_splash_fused_backward_must_be_a_bool():
+    q = jnp.zeros((1, 128, 2, 128), jnp.float32)
+    with pytest.raises(ValueError, match="splash_fused_backward must be True or False, not 'yes'"):
+        ops.attention(q, q, q, impl="splash", splash_fused_backward="yes")
 
 
 def test_refuses_what_splash_cannot_do():

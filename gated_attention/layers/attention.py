@@ -153,6 +153,7 @@ class Attention(nnx.Module):
             segment_ids=segment_ids, causal=True, normalizer=variant.normalizer,
             sink_logits=sink, impl=cfg.attention_impl,
             block_sizes=dict(cfg.block_sizes) or None, mesh_axes=_mesh_axes(),
+            splash_fused_backward=cfg.splash_fused_backward,
             **({"window": variant.window} if variant.window else {}),
         )
         if variant.exclusive_self_attention:

@@ -134,6 +134,7 @@ def attention(
     block_sizes: dict[str, int] | None = None,
     mesh_axes: Mapping[str, Axes] | None = None,
     window: int = 0,
+    splash_fused_backward: bool = False,
 ) -> jax.Array:
     """softmax-family attention with an optional fused output gate `out * act(gate)`.
 
@@ -146,14 +147,20 @@ def attention(
     included); served by choices.WINDOW_IMPLS.
     mesh_axes: {"batch": mesh axes, "heads": mesh axes} that split q/k/v under a mesh, for
     the kernels that run per device (default: the batch over the whole mesh).
+    splash_fused_backward: where splash runs, dq, dk and dv in one backward kernel (default:
+    dq in a kernel of its own; ops/splash.py says why).
     """
+    if not isinstance(splash_fused_backward, bool):
+        raise ValueError(f"splash_fused_backward must be True or False, not "
+                         f"{splash_fused_backward!r}")
     validate_attention_args(
         q, k, v, gate=gate, gate_activation=gate_activation, segment_ids=segment_ids,
         normalizer=normalizer, sink_logits=sink_logits, impl=impl, window=window,
     )
     options = dict(gate_activation=gate_activation, causal=causal, normalizer=normalizer,
                    impl=impl, interpret=interpret, block_sizes=block_sizes,
-                   mesh_axes=mesh_axes, window=window)
+                   mesh_axes=mesh_axes, window=window,
+                   splash_fused_backward=splash_fused_backward)
     arrays = dict(gate=gate, segment_ids=segment_ids, sink_logits=sink_logits)
     if impl != "auto" and (impl not in PER_DEVICE or interpret is not None):
         return _attention_on_target(q, k, v, arrays, **options)
@@ -165,7 +172,8 @@ def _attention_on_target(q: jax.Array, k: jax.Array, v: jax.Array,
                          arrays: Mapping[str, jax.Array | None], *, gate_activation: str,
                          causal: bool, normalizer: str, impl: str, interpret: bool | None,
                          block_sizes: dict[str, int] | None,
-                         mesh_axes: Mapping[str, Axes] | None, window: int) -> jax.Array:
+                         mesh_axes: Mapping[str, Axes] | None, window: int,
+                         splash_fused_backward: bool) -> jax.Array:
     """One kernel call for the target platform (ops.target)."""
     gate, segment_ids, sink_logits = (arrays["gate"], arrays["segment_ids"],
                                       arrays["sink_logits"])
@@ -176,6 +184,8 @@ def _attention_on_target(q: jax.Array, k: jax.Array, v: jax.Array,
     optional = dict(gate=gate, segment_ids=segment_ids, sink_logits=sink_logits)
     if window:
         kwargs["window"] = window
+    if impl == "splash":
+        kwargs["fused_backward"] = splash_fused_backward
     if impl == "chunked":  # blockwise XLA (long contexts): the config's block_q / block_kv
         blocks = {name: size for name, size in (block_sizes or {}).items()
                   if name in ("block_q", "block_kv")}

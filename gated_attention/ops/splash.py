@@ -2,12 +2,21 @@
 
 `jax.experimental.pallas.ops.tpu.splash_attention` is Google's tuned Mosaic kernel: block-
 sparse causal masks (fully masked tiles are never visited), segment ids, grouped kv heads and
-per-head sinks, with a fused dk/dv/dq backward. It serves every normaliser here but softpick:
+per-head sinks. It serves every normaliser here but softpick:
   softmax             no sink
   softmax_off_by_one  a sink logit of 0 on every head (the "+1" in the denominator)
   learned_sink        the head's learned sink logit (splash also returns its gradient)
 The gate `out * act(g)` follows as an XLA elementwise op, which XLA fuses with the layout
 change back to [b, s, h, d].
+
+The backward runs dq in a kernel of its own and dk / dv in another (`fused_backward=False`,
+the default, as MaxText's `sa_use_fused_bwd_kernel: False` and this project's `pallas_tpu`),
+or all three in one kernel (`fused_backward=True`). The fused kernel writes one partial dq
+per kv tile (8 at 4096 positions in tiles of 512) that XLA then adds up: on the 1.7B step
+for v5p the compiler's estimate counts 0.45 GB more traffic per layer for it
+(benchmarks/RESULTS.md). The split one recomputes the attention scores once more, in the dq
+kernel: MXU work inside a kernel, which no cost analysis sees (which is faster on a TPU has
+not been measured here).
 
 Splash works on one example ([heads, seq, head_dim]); the batch is vmapped. Lengths are padded
 to a multiple of 128 (its lane tile): padded keys are never visible to real queries (the
@@ -50,7 +59,7 @@ def _mask(padded: int, causal: bool, window: int):
 
 
 def _kernel(heads: int, padded: int, causal: bool, block: int, interpret: bool | str,
-            window: int = 0):
+            window: int = 0, fused_backward: bool = False):
     """A splash kernel for one example's shape (its masks processed in numpy).
 
     Made anew for each call, not cached: a kernel first made inside one trace (e.g. the TPU
@@ -60,7 +69,9 @@ def _kernel(heads: int, padded: int, causal: bool, block: int, interpret: bool |
     sizes = splash.BlockSizes(
         block_q=block, block_kv=block, block_kv_compute=block,
         block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
-        use_fused_bwd_kernel=True)
+        block_q_dq=None if fused_backward else block,
+        block_kv_dq=None if fused_backward else block,
+        use_fused_bwd_kernel=fused_backward)
     return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
                                   interpret=(pltpu.InterpretParams() if interpret is True
                                              else bool(interpret)))
@@ -88,11 +99,13 @@ def attention(
     interpret: bool | None = None,
     block_sizes: dict[str, int] | None = None,
     window: int = 0,
+    fused_backward: bool = False,
 ) -> jax.Array:
     """Splash attention then the gate; arguments mean what they mean in `ops.attention`.
 
     interpret: run in the Pallas TPU interpret mode (None: exactly when the target is a CPU).
     block_sizes: {"block_q": n} caps splash's square tile (512 / 256 / 128).
+    fused_backward: dq, dk and dv in one backward kernel (default: dq in its own; above).
     """
     fc.check_kernel_args(NAME, q, k, normalizer, gate_activation)
     if normalizer not in NORMALIZERS:
@@ -105,7 +118,7 @@ def attention(
     padded = fc.round_up(s, LANES)
     preferred = (block_sizes or {}).get("block_q", 512)
     kernel = _kernel(h, padded, causal, tile(padded, preferred),
-                     fc.resolve_interpret(interpret), window)
+                     fc.resolve_interpret(interpret), window, fused_backward)
 
     def head_major(x, scale=1.0):  # [b, s, n, d] -> [b, n, S, d]
         return fc.pad_axis(jnp.einsum("bsnd->bnsd", x) * jnp.asarray(scale, x.dtype), 2, padded)
