@@ -229,14 +229,19 @@ def token_tiled_cross_entropy(x: jax.Array, table: jax.Array, targets: jax.Array
 
 
 def _token_tile_stats(x_tile: jax.Array, table: jax.Array, targets_tile: jax.Array,
-                      stored: jnp.dtype | None) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """A tile's float32 logits [b, chunk, vocab], their log-sum-exp and target logit (picked
-    before the widening, as `cross_entropy` picks it)."""
-    logits = logits_matmul(x_tile, table, stored)
-    target_logit = widened(jnp.take_along_axis(logits, targets_tile[..., None], axis=-1)[..., 0])
-    logits = widened(logits)
+                      stored: jnp.dtype | None
+                      ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """A tile's float32 logits [b, chunk, vocab], their log-sum-exp, target logit and the
+    one-hot mask of the targets.
+
+    The target logit is a masked sum over the vocabulary (exact: one value and zeros), a
+    reduction the compiler fuses with the log-sum-exp's, so the stored logits are read once
+    for both; a gather of it would be a pass of its own over the whole tile."""
+    logits = widened(logits_matmul(x_tile, table, stored))
+    hit = targets_tile[..., None] == jnp.arange(table.shape[0])
+    target_logit = jnp.sum(jnp.where(hit, logits, 0.0), axis=-1)
     lse = jax.nn.logsumexp(logits, axis=-1)
-    return logits, lse, target_logit
+    return logits, lse, target_logit, hit
 
 
 def _token_tiled_forward(x: jax.Array, table: jax.Array, targets: jax.Array,
@@ -252,7 +257,8 @@ def _token_tiled_forward(x: jax.Array, table: jax.Array, targets: jax.Array,
         x_tile, start, own = _tile(x, i, chunk, axis=1)
         targets_tile = _tile(targets, i, chunk, axis=1)[0]
         w = jnp.where(own, _tile(weights, i, chunk, axis=1)[0], 0.0)  # each position once
-        logits, lse, target_logit = _token_tile_stats(x_tile, table, targets_tile, stored)
+        logits, lse, target_logit, hit = _token_tile_stats(x_tile, table, targets_tile,
+                                                           stored)
         nll_sum = nll_sum + jnp.sum((lse - target_logit) * w)
         z_sum = z_sum + jnp.sum(jnp.square(lse) * w)
         if not with_grads:
@@ -260,7 +266,6 @@ def _token_tiled_forward(x: jax.Array, table: jax.Array, targets: jax.Array,
         # d/dlogit_v of w (lse - logit_target) + z_loss w lse^2 = w ((1 + 2 z_loss lse) p_v
         # - [v = target]).
         p = jnp.exp(logits - lse[..., None])
-        hit = targets_tile[..., None] == jnp.arange(table.shape[0])
         dlogits = (w * (1.0 + 2.0 * z_loss * lse))[..., None] * p - jnp.where(
             hit, w[..., None], 0.0)
         dlogits = dlogits.astype(x.dtype)
