@@ -56,10 +56,14 @@ def validate_attention_args(
     sink_logits: jax.Array | None,
     impl: str,
     window: int = 0,
+    splash_fused_backward: bool = False,
 ) -> None:
     """Raise a ValueError naming the argument and its allowed values, before any tracing."""
     if impl not in IMPLS:
         raise ValueError(f"impl={impl!r} is not allowed; choose one of {', '.join(IMPLS)}")
+    if not isinstance(splash_fused_backward, bool):
+        raise ValueError(f"splash_fused_backward must be True or False, not "
+                         f"{splash_fused_backward!r}")
     if window < 0:
         raise ValueError(f"window={window} must be >= 0 (0 = no window)")
     if window and impl not in (*choices.WINDOW_IMPLS, "auto"):
@@ -150,12 +154,10 @@ def attention(
     splash_fused_backward: where splash runs, dq, dk and dv in one backward kernel (default:
     dq in a kernel of its own; ops/splash.py says why).
     """
-    if not isinstance(splash_fused_backward, bool):
-        raise ValueError(f"splash_fused_backward must be True or False, not "
-                         f"{splash_fused_backward!r}")
     validate_attention_args(
         q, k, v, gate=gate, gate_activation=gate_activation, segment_ids=segment_ids,
         normalizer=normalizer, sink_logits=sink_logits, impl=impl, window=window,
+        splash_fused_backward=splash_fused_backward,
     )
     options = dict(gate_activation=gate_activation, causal=causal, normalizer=normalizer,
                    impl=impl, interpret=interpret, block_sizes=block_sizes,
