@@ -7,7 +7,8 @@ token-tiled loss's FLOPs those of the plain loss (no recomputation), no float32
 them: the control), the tied embedding's gradient kept per device as the parameter's shard in
 bfloat16 (no whole [vocab, d_model] copy in float32), no float32 copy of q or k stored
 by QK-norm and RoPE (two separate steps store one: the control), and the token tiles'
-logits stored in bfloat16 with train.logits_dtype=compute."""
+logits stored in bfloat16 with train.logits_dtype=compute, and G1's gate projection adding
+one matmul to the step, its forward (differentiated apart from q_proj: three, the control)."""
 
 import re
 import sys
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 import pytest
 
 from gated_attention import config_lib
+from gated_attention.layers.attention import Attention
 from gated_attention.layers.norms import RMSNorm
 from gated_attention.layers.rope import inverse_frequencies
 from gated_attention.target_compile import compile_step, tpu_mesh
@@ -33,8 +35,8 @@ TOKEN_TILE = 64  # sequence positions per tile of the token-tiled loss: SEQ / 64
 
 
 def tiny_config(loss_chunk_size: int, layers: int, scan_layers: bool = False,
-                loss_tiles: str = "vocab"):
-    config = config_lib.base_config("tiny", "baseline")
+                loss_tiles: str = "vocab", variant: str = "baseline"):
+    config = config_lib.base_config("tiny", variant)
     config.model.update(dtype="bfloat16", attention_impl="xla", num_layers=layers,
                         scan_layers=scan_layers)
     config.mesh.update(fsdp=FSDP, data=1)
@@ -191,3 +193,27 @@ def test_qk_norm_and_rope_store_no_float32_q_or_k(plain, mesh, monkeypatch):
     model = config_lib.model_config(tiny_config(0, layers=1))
     whole = {f"f32[{BATCH // FSDP},{SEQ},{h},{model.head_dim}]" for h in model.heads}
     assert {shape for _, shape, _ in control} >= whole
+
+
+def matmuls(hlo_text: str) -> int:
+    """Matmuls of an optimized TPU program (each dot is one convolution instruction)."""
+    return len(re.findall(r"= \S+ convolution\(", hlo_text))
+
+
+def test_g1_gate_projection_adds_one_matmul_with_q_projs_backward(plain, mesh, monkeypatch):
+    """The G1 gate's projection and q_proj form their input and weight gradients in one matmul
+    each (layers/paired_projection.py): against the baseline, G1's one-layer step has one
+    matmul more, the gate's forward. The control: the two projections differentiated apart
+    add three (forward, input gradient, weight gradient)."""
+    def g1_matmuls() -> int:
+        config = compiled_step.unrolled(tiny_config(0, layers=3, variant="g1_sdpa_elementwise"), 1)
+        return matmuls(compile_step(config, mesh, "train").hlo_text)
+
+    baseline = matmuls(plain[1]["u1"])
+    assert g1_matmuls() == baseline + 1
+
+    def apart(self, x, fuse_gate):
+        return self._project(self.q_proj, x, "q_bias"), self.gate.logits(x) if fuse_gate else None
+
+    monkeypatch.setattr(Attention, "_project_q_and_gate", apart)
+    assert g1_matmuls() == baseline + 3

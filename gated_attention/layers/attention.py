@@ -6,8 +6,8 @@ kernel when it is a plain `attn * act(X W)`), or a parameter-free transform; con
 o_proj; G5 gate. The G1 gate never goes through QK-norm or RoPE. QK-norm and RoPE run as one
 float32 expression rounded once (`RMSNorm.normalize_and_rotate`): the compiled step then
 stores no float32 copy of q or k between them (benchmarks/RESULTS.md, the 1.7B against
-MaxText). G1's projection stays a matmul of its own: run with q_proj's as one, the 1.7B
-step's traffic was 0.3% higher per layer (its memory 0.9% lower).
+MaxText). A plain G1 gate projection runs beside q_proj's: two matmuls forward, one each way
+backward (layers/paired_projection.py says why the forward stays two).
 
 Beyond the paper (docs/beyond.md): more than one gated position (`extra_gate_positions`, one
 Gate module each, `gate_<position>`); exclusive self-attention (XSA, arXiv 2603.09078:
@@ -29,6 +29,7 @@ from gated_attention import ops, sharding
 from gated_attention.layers.gates import Gate, Intervention  # noqa: F401 - re-exported
 from gated_attention.layers.kv_cache import KVCache
 from gated_attention.layers.norms import RMSNorm, rms_normalize
+from gated_attention.layers.paired_projection import paired_projection
 from gated_attention.layers.params import cast, param
 from gated_attention.layers.rope import apply_rope
 from gated_attention.layers.switch_head import SwitchHeadProjection
@@ -106,6 +107,22 @@ class Attention(nnx.Module):
         y = jnp.einsum("bsD,Dhd->bshd", x, cast(proj, self.cfg.compute_dtype))
         return y + cast(getattr(self, bias), y.dtype) if self.cfg.qkv_bias and bias else y
 
+    def _project_q_and_gate(self, x: jax.Array, fuse_gate: bool,
+                            ) -> tuple[jax.Array, jax.Array | None]:
+        """q before any query gate, and the G1 gate's logits when the kernel fuses the gate
+        (else None). A plain gate projection runs beside q_proj's, one matmul each way in
+        the backward (layers/paired_projection.py)."""
+        if not fuse_gate:
+            return self._project(self.q_proj, x, "q_bias"), None
+        kernel = self.gate.plain_kernel(self.cfg.d_model)
+        if kernel is None:
+            return self._project(self.q_proj, x, "q_bias"), self.gate.logits(x)
+        q, logits = paired_projection(x, cast(self.q_proj, self.cfg.compute_dtype),
+                                      cast(kernel, self.gate.dtype))
+        if self.cfg.qkv_bias:
+            q = q + cast(self.q_bias, q.dtype)
+        return q, logits
+
     def gate_for(self, position: str) -> Gate | None:
         """The gate module at `position` (gate_position or one of extra_gate_positions)."""
         variant = self.cfg.variant
@@ -124,7 +141,11 @@ class Attention(nnx.Module):
         """kv_cache: decoding; x holds the new tokens only and keys/values go to the cache."""
         cfg, variant = self.cfg, self.cfg.variant
         x = x.astype(cfg.compute_dtype)
-        q = self._gate_at("query", self._project(self.q_proj, x, "q_bias"), x)
+        needs_ungated = bool(capture & {"sdpa_before_gate", "sdpa_after_gate"})
+        fuse_gate = (variant.fusable_sdpa_gate and not needs_ungated
+                     and getattr(self.gate, "forced", None) is None)
+        q, gate_logits = self._project_q_and_gate(x, fuse_gate)
+        q = self._gate_at("query", q, x)
         k = self._gate_at("key", self._project(self.k_proj, x, "k_bias"), x)
         v = self._gate_at("value", self._project(self.v_proj, x, "v_bias"), x)
         # QK-norm and RoPE in float32, one rounding to the compute dtype after both.
@@ -139,16 +160,13 @@ class Attention(nnx.Module):
             self.sow(nnx.Intermediate, "gate_scores", self.gate.scores(x))
         self._capture_attention(q, k, segment_ids, sink, capture)
 
-        needs_ungated = bool(capture & {"sdpa_before_gate", "sdpa_after_gate"})
-        fuse_gate = (variant.fusable_sdpa_gate and not needs_ungated
-                     and getattr(self.gate, "forced", None) is None)
         attend = (ops.attention if kv_cache is None
                   else functools.partial(kv_cache.attend, positions=positions,
                                          rope_base=cfg.rope_base,
                                          rope_scaling=cfg.rope_scaling))
         out = attend(
             q, k, v,
-            gate=self.gate.logits(x) if fuse_gate else None,
+            gate=gate_logits,
             gate_activation=variant.activation,
             segment_ids=segment_ids, causal=True, normalizer=variant.normalizer,
             sink_logits=sink, impl=cfg.attention_impl,

@@ -63,6 +63,17 @@ class Gate(nnx.Module):
             self.bias = param(rngs, shape, names, init="zeros")
             self.bias.set_value(self.bias.get_value() + variant.gate_bias_init)
 
+    def plain_kernel(self, d_model: int) -> nnx.Param | None:
+        """The kernel W [D, heads, d] when the logits are exactly `X W` (elementwise,
+        head-specific, the whole of X, no rank, no bias), else None: such a gate's
+        projection can run beside q_proj's (layers/paired_projection.py)."""
+        variant = self.variant
+        plain = (self.per_head and variant.granularity == "elementwise"
+                 and variant.gate_input == "hidden" and not variant.gate_rank
+                 and not variant.gate_bias and variant.sharing == "head_specific"
+                 and self.input_width == d_model)
+        return self.kernel if plain else None
+
     def logits(self, x: jax.Array) -> jax.Array:
         """Pre-activation scores: [b, s, heads, d] / [b, s, heads] / [b, s, D]."""
         if self.variant.gate_input == "constant":
