@@ -518,3 +518,31 @@ def test_the_grace_ends_once_every_worker_logged_the_exit_of_its_attempt(tmp_pat
         job.events_path(pod.name)).read_text().splitlines()]
     assert [e["action"] for e in logged] == ["launched", "broken", "saved", "recreate"]
     assert "every worker's log records its exit" in logged[2]["detail"]
+
+
+@pytest.mark.parametrize("settings, ends", [("TPU_TYPE=v4-16\nSPOT=true\n", True),
+                                            ("SPOT=true\n", False)])
+def test_a_slice_preempted_before_its_first_probe_waits_for_its_settings_hosts(
+        tmp_path, settings, ends):
+    """Preempted right after the launch, before any probe counted the workers: the grace
+    ends once as many workers as the settings' TPU_TYPE has hosts (v4-16: 2) logged their
+    exit. The control: settings without TPU_TYPE give no count, so the grace runs out."""
+    from gated_attention.pods.supervisor import Job, Options, Supervisor
+
+    scripts: list[str] = []
+    job = Job(kind="grid", name="r", bucket=str(tmp_path), grid="experiments/grids/smoke.py")
+    logs = tmp_path / "grids" / "r" / "_worker_logs"
+    logs.mkdir(parents=True)
+    (tmp_path / "pod.env").write_text(settings)
+    pod = FakeSlice(cloud.HEALTHY, "ACTIVE/READY")
+    supervisor = Supervisor(str(tmp_path / "pod.env"), pod, job, Options(broken_grace_s=3600),
+                            sleep=time.sleep, run=lambda argv: scripts.append(argv[1]) or 0)
+    supervisor.set_up = supervisor.preflighted = True
+    assert supervisor.step() is None  # launched; no probe yet
+    pod.answer = cloud.Health(cloud.BROKEN, "SUSPENDED")
+    assert supervisor.step() is None  # the grace begins
+    (logs / "fake-worker-0.log").write_text("### w0: main\n### exit 143\n")
+    assert supervisor.step() is None and supervisor.attempt == 0  # worker 1 still saving
+    (logs / "fake-worker-1.log").write_text("### w1: main\n### exit 143\n")
+    assert supervisor.step() is None
+    assert supervisor.attempt == (1 if ends else 0)

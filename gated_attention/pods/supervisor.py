@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -39,7 +40,7 @@ from pathlib import Path
 
 from absl import flags
 
-from gated_attention import cli_flags, paths, train_command
+from gated_attention import cli_flags, paths, tpu_topologies, train_command
 from gated_attention.pods import cloud
 from gated_attention.pods.events import EventLog
 from gated_attention.pods.worker_log import EXIT_LINE
@@ -157,6 +158,22 @@ class Options:
     max_polls: int | None = None   # tests: stop after that many polls (exit 1)
 
 
+def settings_hosts(config: str) -> int | None:
+    """The workers a settings file's slice has (TPU_TYPE's hosts times SLICES), or None when
+    the file does not say: what the grace waits for before a probe has counted them."""
+    settings = {}
+    try:
+        for line in Path(config).read_text().splitlines():
+            words = shlex.split(line, comments=True)
+            if len(words) == 1 and "=" in words[0]:
+                key, value = words[0].split("=", 1)
+                settings[key] = value
+        tpu = tpu_topologies.parse_accelerator(settings["TPU_TYPE"])
+        return tpu.hosts * int(settings.get("SLICES", "1"))
+    except (OSError, KeyError, ValueError, tpu_topologies.AcceleratorError):
+        return None
+
+
 def supports_flag(script: str, flag: str) -> bool:
     """Whether a tpu_scripts/*.sh of this checkout takes `flag` (its text names it)."""
     return flag in (Path(SCRIPTS_DIR) / script).read_text()
@@ -179,6 +196,7 @@ class Supervisor:
         self.waiting_since: float | None = None
         self.broken_since: float | None = None
         self.workers: int | None = None  # the slice's workers, as its last probe counted
+        self.hosts = settings_hosts(config)  # the same from the settings, until a probe
         self.exits_before_launch: dict[str, tuple[int, int]] | None = None
 
     def _run_script(self, argv: list[str]) -> int:
@@ -303,10 +321,13 @@ class Supervisor:
     def every_worker_ended(self) -> bool:
         """Whether the workers of the attempt launched last have all logged their exit (so
         deleting the slice loses nothing): a new exit in as many logs as the slice's last
-        probe counted workers, and no log that changed since the launch without one. Unknown
-        (no worker count yet, an unreadable bucket): False, the grace runs out."""
+        probe counted workers (before the first probe, as many as the settings' TPU_TYPE has
+        hosts: a slice preempted right after the launch), and no log that changed since the
+        launch without one. Unknown (no worker count, an unreadable bucket): False, the grace
+        runs out."""
         before = self.exits_before_launch
-        if not self.launched or not self.workers or before is None:
+        workers = self.workers or self.hosts
+        if not self.launched or not workers or before is None:
             return False
         try:
             now = self.job.logged_exits(self.tpu.name)
@@ -315,7 +336,7 @@ class Supervisor:
         changed = {name: exits > before.get(name, (0, 0))[0]
                    for name, (exits, length) in now.items()
                    if (exits, length) != before.get(name)}
-        return all(changed.values()) and len(changed) >= self.workers
+        return all(changed.values()) and len(changed) >= workers
 
     def loop(self) -> int:
         self.events.write("-", "start", 0, f"supervising {self.job.kind} {self.job.name} on "
