@@ -104,7 +104,12 @@ class Attention(nnx.Module):
                  bias: str = "") -> jax.Array:
         if isinstance(proj, SwitchHeadProjection):
             return proj(x)
-        y = jnp.einsum("bsD,Dhd->bshd", x, cast(proj, self.cfg.compute_dtype))
+        return self._with_bias(jnp.einsum("bsD,Dhd->bshd", x, cast(proj, self.cfg.compute_dtype)),
+                               bias)
+
+    def _with_bias(self, y: jax.Array, bias: str) -> jax.Array:
+        """y plus the projection's bias `bias` (q_bias, k_bias, v_bias) where the model has
+        them (cfg.qkv_bias)."""
         return y + cast(getattr(self, bias), y.dtype) if self.cfg.qkv_bias and bias else y
 
     def _project_q_and_gate(self, x: jax.Array, fuse_gate: bool,
@@ -119,9 +124,7 @@ class Attention(nnx.Module):
             return self._project(self.q_proj, x, "q_bias"), self.gate.logits(x)
         q, logits = paired_projection(x, cast(self.q_proj, self.cfg.compute_dtype),
                                       cast(kernel, self.gate.dtype))
-        if self.cfg.qkv_bias:
-            q = q + cast(self.q_bias, q.dtype)
-        return q, logits
+        return self._with_bias(q, "q_bias"), logits
 
     def gate_for(self, position: str) -> Gate | None:
         """The gate module at `position` (gate_position or one of extra_gate_positions)."""
