@@ -15,6 +15,8 @@ to add one):
   the fly; a first-token attention sink forms on it in CPU-minutes.
 - "passkey" (passkey.py): rows packed with marked pass keys, generated on the fly; a tiny
   model learns retrieval on it in a few hundred CPU steps.
+- "synthetic" (synthetic.py): uniform random ids of the model's vocabulary in the config's
+  shapes, nothing read: the pre-flight, benchmarks and throughput checks before any data.
 
 data.packing: "segments" (documents cut into chunks, packed with segment ids) or "concat"
 (documents joined with EOS into rows, no segment ids; attention may then use cuDNN).

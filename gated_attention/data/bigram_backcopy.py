@@ -184,8 +184,11 @@ class BatchSource:
 
     def __getitem__(self, index: int) -> Batch:
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, self.stream, int(index)]))
-        sequences = sample_sequences(self.chain, self.global_batch, self.seq_len + 1, rng)
-        return make_batch(sequences[self.rows])
+        return make_batch(self.sequences(rng)[self.rows])
+
+    def sequences(self, rng: np.random.Generator) -> np.ndarray:
+        """[global batch, seq_len + 1] int32: one whole global batch of the chain."""
+        return sample_sequences(self.chain, self.global_batch, self.seq_len + 1, rng)
 
 
 def eval_batches(chain: Chain, seq_len: int, batch_size: int, num_batches: int, *, seed: int,

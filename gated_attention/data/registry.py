@@ -58,6 +58,7 @@ SOURCES: dict[str, str] = {
     "array_record": "gated_attention.data.array_record_source",
     "bigram_backcopy": "gated_attention.data.bigram_backcopy",
     "passkey": "gated_attention.data.passkey",
+    "synthetic": "gated_attention.data.synthetic",
 }
 # Data-level fields read by several sources (see above), with their one default each.
 SHARED_FIELDS: dict[str, Any] = dict(
