@@ -198,8 +198,9 @@ def train_section() -> ml_collections.ConfigDict:
         init_by_name=False,
         # Sink, gate and activation statistics (telemetry.py) from the step's batch after
         # every telemetry_every updates, into metrics.jsonl (kind "telemetry") and
-        # TensorBoard; 0 = off.
-        telemetry_every=100,
+        # TensorBoard; 0 = off. They read telemetry_rows rows of the batch (0 = one
+        # micro-batch, batch_size / grad_accum: a forward that fits wherever the step fits).
+        telemetry_every=100, telemetry_rows=0,
         # Several hosts: a worker whose step (with its eval and checkpoint) takes longer than
         # step_timeout_s (the first step, with the compile: first_step_timeout_s) prints its
         # stack and exits 75, e.g. when another worker died (gated_attention/watchdog.py).

@@ -1,9 +1,14 @@
 """Sink, gate and activation statistics while a run trains (train.telemetry_every).
 
 After every `train.telemetry_every` updates (not at step 0) the training loop runs one extra
-forward pass, without
-gradients, on the step's own batch and the weights that step starts from (so the cost is one
-forward every N steps: about 1/(3N) of the training FLOPs, plus the first-token pass below).
+forward pass, without gradients, on rows of the step's own batch and the weights that step
+starts from. The rows are one micro-batch (train.batch_size / train.grad_accum, the rows the
+train step holds activations for at once; rows i, i+k, ... so they stay spread over every data
+shard), or `train.telemetry_rows` of them: the statistics of the whole global batch at once
+would hold grad_accum times the step's activations (the 1.7B paper recipe: 379 GiB per v5p
+chip), so a run whose step fits would die at its first telemetry point. The cost is one
+forward of those rows every N steps (at most 1/(3N) of the training FLOPs, plus the
+first-token pass below).
 Per layer, and per head where the quantity is a head's:
 
 - F-Attn: the weight each query puts on the first token of its own segment (the row's
@@ -209,14 +214,47 @@ def gate_norms(params: Any, cfg: Any) -> dict[str, list[Any]]:
             "gate_norm_per_head": [per_head[i] for i in layers if i in per_head]}
 
 
+def telemetry_rows(config: Any, batch_shards: int = 1) -> int:
+    """How many rows of the global batch a telemetry point reads: train.telemetry_rows, or
+    (0, the default) one micro-batch. ConfigError unless they divide the batch into equal
+    pieces that split evenly over the mesh's `batch_shards`."""
+    from gated_attention.config_checks import ConfigError
+
+    train = config.train
+    asked = train.get("telemetry_rows", 0)
+    if isinstance(asked, bool) or not isinstance(asked, int) or asked < 0:
+        raise ConfigError(f"train.telemetry_rows={asked!r} must be an integer >= 0 (0 = one "
+                          "micro-batch, train.batch_size / train.grad_accum rows)")
+    rows = asked or train.batch_size // train.grad_accum
+    if train.batch_size % rows or rows % batch_shards:
+        raise ConfigError(f"train.telemetry_rows={asked} must divide train.batch_size="
+                          f"{train.batch_size} and be divisible by the mesh's {batch_shards} "
+                          "batch shards (0 = one micro-batch)")
+    return rows
+
+
+def first_rows(batch: Mapping[str, jax.Array], rows: int) -> dict[str, jax.Array]:
+    """Rows 0, k, 2k, ... of the batch (k = batch / rows): the first of the train step's
+    micro-batches when rows is its size, spread over every data shard as the batch is."""
+    from gated_attention.train import split_micro_batches
+
+    pieces = batch["inputs"].shape[0] // rows
+    if pieces == 1:
+        return dict(batch)
+    return jax.tree.map(lambda x: x[0], split_micro_batches(batch, pieces))
+
+
 def make_telemetry_fn(graphdef: nnx.GraphDef, config: Any):
-    """A pure `(params, batch) -> dict of arrays` with every statistic of one telemetry point."""
+    """A pure `(params, batch) -> dict of arrays` with every statistic of one telemetry point,
+    read from `telemetry_rows(config)` rows of the global batch it is given."""
     from gated_attention import config_lib
 
     cfg = config_lib.model_config(config)
     lo, hi = reductions.HISTOGRAM_RANGES[cfg.variant.activation]
+    rows = telemetry_rows(config)
 
     def telemetry(params: Any, batch: Mapping[str, jax.Array]) -> dict[str, Any]:
+        batch = first_rows(batch, rows)
         model = nnx.merge(graphdef, params)
         segment_ids = batch.get("segment_ids")
         shape = batch["inputs"].shape

@@ -258,7 +258,8 @@ def evaluate(eval_fn: Callable, params: nnx.State, batches: list[dict[str, jax.A
 
 
 def check_batch_layout(config: Any, mesh: Mesh, rules: sharding.Rules) -> None:
-    """The micro-batch must split evenly over the mesh axes that shard the batch."""
+    """The micro-batch (and the telemetry's rows) must split evenly over the mesh axes that
+    shard the batch."""
     spec = sharding.logical_to_spec(("batch",), rules)
     shards = sharding.shard_factor(spec, dict(mesh.shape))
     micro = config.train.batch_size // config.train.grad_accum
@@ -267,6 +268,10 @@ def check_batch_layout(config: Any, mesh: Mesh, rules: sharding.Rules) -> None:
             f"train.batch_size / train.grad_accum = {micro} sequences must be divisible by the "
             f"{shards} batch shards of the mesh {dict(mesh.shape)}; change train.batch_size, "
             "train.grad_accum or config.mesh")
+    if config.train.get("telemetry_every", 0):  # its rows split over the same shards
+        from gated_attention.telemetry import telemetry_rows
+
+        telemetry_rows(config, shards)
 
 
 def parameter_names(params: Any) -> list[str]:
