@@ -14,11 +14,12 @@ target's, not the host's. Used by the pre-flight command and by `inspect --accel
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
@@ -26,6 +27,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from gated_attention import cuda_compile, distributed, sharding, train
+from gated_attention.errors import UserError
 from gated_attention.ops.target import compiling_for
 
 STEPS = ("train", "eval")
@@ -36,6 +38,58 @@ MEGACORE_GENERATIONS = ("v4", "v5p")  # topology prefixes whose chips run as one
 # (Mosaic), Pallas GPU on Triton, cuDNN's fused attention, Pallas GPU on Mosaic GPU.
 KERNEL_CALLS = {"mosaic_tpu": (MOSAIC_CALL,), "triton": ("__gpu$xla.gpu.triton",),
                 "cudnn": ("__cudnn$fmha",), "mosaic_gpu": ("mosaic_gpu",)}
+
+
+class CompilerNotInstalled(UserError):
+    """The compiler for a target is an optional package this environment lacks: the message
+    names what to install."""
+
+
+# A TPU type of each generation, told to libtpu as this host's own while it describes a
+# topology: on a host that is no TPU VM it otherwise looks for one (cloud metadata) and prints
+# warnings about host bounds and worker hostnames. Compiles do not depend on it.
+LIBTPU_HOST_TYPE = {"v4": "v4-8", "v5e": "v5litepod-4", "v5p": "v5p-8", "v6e": "v6e-4"}
+
+
+def libtpu_missing() -> CompilerNotInstalled | None:
+    """The one-line error for a TPU compile without libtpu, or None when it is installed."""
+    try:
+        import libtpu  # noqa: F401
+    except ImportError:
+        return CompilerNotInstalled(
+            f"compiling for a TPU needs libtpu, which is not installed: `make install-test` "
+            f"installs it, or pip install 'jax[tpu]=={jax.__version__}' (no TPU needed)")
+    return None
+
+
+def cuda_pair_missing() -> CompilerNotInstalled | None:
+    """The one-line error for a GPU compile without the CUDA compile pair, or None."""
+    if cuda_compile.enable():
+        return None
+    v = jax.__version__
+    return CompilerNotInstalled(
+        "compiling for an NVIDIA GPU needs the CUDA compile pair, which is not installed: "
+        "`make install-test` installs it, or pip install --no-deps --target "
+        f"{cuda_compile.folder()} jax-cuda12-plugin=={v} jax-cuda12-pjrt=={v} "
+        "nvidia-cuda-nvcc-cu12 (no GPU needed)")
+
+
+@contextlib.contextmanager
+def _compile_only_host(topology: str) -> Iterator[None]:
+    """libtpu's host variables set for a compile-only start (LIBTPU_HOST_TYPE) while it
+    describes `topology`; those this process did not have are removed again after, so that
+    processes started from it do not take themselves for workers of a pod."""
+    import os
+
+    told = {"TPU_ACCELERATOR_TYPE": LIBTPU_HOST_TYPE.get(topology.partition(":")[0], "v5p-8"),
+            "TPU_WORKER_HOSTNAMES": "localhost"}
+    added = [k for k in told if k not in os.environ]
+    os.environ.update({k: told[k] for k in added})
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 def tpu_devices(topology: str, num_slices: int = 1) -> list[Any]:
@@ -57,10 +111,14 @@ def tpu_devices(topology: str, num_slices: int = 1) -> list[Any]:
     extra: dict[str, Any] = {"chips_per_host_bounds": [1, 1, 1]} if single_chip else {}
     if num_slices > 1:
         extra["num_slices"] = num_slices
+    missing = libtpu_missing()
+    if missing is not None:
+        raise missing
     try:
-        devices = list(topologies.get_topology_desc(topology_name=topology, platform="tpu",
-                                                    **extra).devices)
-    except Exception as err:  # libtpu absent or a name it refuses: one line
+        with _compile_only_host(topology):
+            devices = list(topologies.get_topology_desc(topology_name=topology, platform="tpu",
+                                                        **extra).devices)
+    except Exception as err:  # a name libtpu refuses: one line
         raise ValueError(f"cannot describe TPU topology {topology!r}"
                          f"{f' x {num_slices} slices' if num_slices > 1 else ''}: "
                          f"{str(err).splitlines()[0]}") from None
@@ -88,6 +146,9 @@ def gpu_devices(node: Any) -> list[Any]:
     """
     from jax.experimental import topologies
 
+    missing = cuda_pair_missing()
+    if missing is not None:
+        raise missing
     try:
         topology = topologies.get_topology_desc(platform="cuda", topology=node.topology,
                                                 target_config=node.target_config())
