@@ -41,7 +41,8 @@ def format_table(info: dict[str, Any]) -> str:
     if "memory" in info:
         rows += memory.format_rows(info["memory"])
     width = max(len(r[0]) for r in rows)
-    return "\n".join(f"{k:<{width}}  {v:>18}" for k, v in rows)
+    notes = memory.notes(info["memory"]) if "memory" in info else []
+    return "\n".join([f"{k:<{width}}  {v:>18}" for k, v in rows] + notes)
 
 
 def main(argv: list[str]) -> None:

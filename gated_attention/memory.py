@@ -127,10 +127,42 @@ def per_device(cfg: ModelConfig, axis_sizes: Mapping[str, int], *, batch_size: i
     out = {"params": params, "grads": params, "optimizer_state": 2 * params,
            "activations": activations, "loss_logits": loss,
            "loss_logits_plain": loss_bytes(cfg, axis_sizes, rows, seq_len, rules=rules),
-           "tokens_per_device": tokens, "remat": cfg.remat}
+           "tokens_per_device": tokens, "remat": cfg.remat, "batch_size": batch_size,
+           "grad_accum": grad_accum}
     out["total"] = 4 * params + activations
     out["fits_on"] = [name for name, hbm in ACCELERATORS.items() if out["total"] <= 0.9 * hbm]
     return out
+
+
+def fit_levers(mesh: Mapping[str, int], batch_size: int, grad_accum: int, remat: str, *,
+               more_devices: str, mesh_flags: str = "config") -> str:
+    """One line naming the overrides that shrink a step's memory per device, from what the
+    run sets now: weights sharded over every device, fewer sequences per micro-batch, full
+    remat, more devices. mesh_flags: "config" (--config.mesh.*) or "inspect" (--mesh=)."""
+    levers = []
+    data, fsdp = mesh.get("data", 1), mesh.get("fsdp", 1)
+    if data > 1:
+        wide = (f"--config.mesh.data=1 --config.mesh.fsdp={data * fsdp}" if mesh_flags ==
+                "config" else f"--mesh=data=1,fsdp={data * fsdp}")
+        levers.append(f"weights sharded over the data-parallel devices too ({wide})")
+    micro = batch_size // grad_accum
+    if micro > 1 and batch_size % (2 * grad_accum) == 0:
+        levers.append(f"fewer sequences per micro-batch (--config.train.grad_accum="
+                      f"{2 * grad_accum} or more; {micro} now)")
+    if remat != "full":
+        levers.append(f"--config.model.remat=full (each block recomputed in the backward; "
+                      f"{remat} now)")
+    levers.append(more_devices)
+    return "to fit: " + "; ".join(levers)
+
+
+def notes(info: Mapping[str, Any]) -> list[str]:
+    """Lines after the memory table: what would make a run that fits on none listed fit."""
+    if info["fits_on"]:
+        return []
+    return [fit_levers(info["mesh"], info["batch_size"], info["grad_accum"], info["remat"],
+                       mesh_flags="inspect",
+                       more_devices="more devices (--mesh=data=1,fsdp=N, or --num_devices)")]
 
 
 def compiled_train_step(config: Any, accelerator: str) -> dict[str, Any]:
@@ -201,6 +233,7 @@ def format_rows(info: Mapping[str, Any]) -> list[tuple[str, str]]:
             info["loss_logits"]) + (f" (the plain loss: {_human(info['loss_logits_plain'])}, "
                                     f"{_human(saved)} more)" if saved else "")))
     rows.append(("  fits on (90% of HBM)", ", ".join(info["fits_on"]) or "none listed"))
+
     compiled = info.get("compiled_train_step")
     if compiled:
         rows.append((f"compiled train step on {compiled['accelerator']} (XLA TPU compiler)", ""))

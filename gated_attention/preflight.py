@@ -148,11 +148,24 @@ def check_slices(config: Any, num_slices: int) -> None:
                         f"spans {spanned} slice(s) ({set_axes})")
 
 
+def data_note(config: Any) -> str:
+    """Which data the steps were compiled with, and what was checked of them."""
+    source = config.data.source
+    if source == "synthetic":
+        return (f"data: synthetic (random ids of the model's {config.model.vocab_size:,}-id "
+                "vocabulary, nothing read); the real run's data checks (documents, tokenizer, "
+                "vocabulary, epochs) still apply: run the pre-flight with its data fields")
+    return (f"data: {source}, checked before compiling (documents, tokenizer, vocabulary, "
+            "epochs)")
+
+
 def preflight(config: Any, tpu: Target, steps: tuple[str, ...] | None = None,
-              dump_hlo: Path | None = None, num_slices: int = 1) -> dict[str, Any]:
+              dump_hlo: Path | None = None, num_slices: int = 1,
+              check_only: bool = False) -> dict[str, Any]:
     """Compile `steps` of `config` (default: those `main` runs, steps_main_runs) for the GPU
     nodes, or for `num_slices` slices of a TPU type (their DCN mesh axes across slices); the
-    report as a dict (bytes per device)."""
+    report as a dict (bytes per device). check_only: every check up to the compile (config,
+    data, mesh on the target's devices, batch layout), nothing compiled."""
     cfg = config_lib.validate_run_config(config)
     steps = steps_main_runs(config) if steps is None else tuple(steps)
     if num_slices != 1 and isinstance(tpu, gpu_targets.GpuNode):
@@ -185,7 +198,18 @@ def preflight(config: Any, tpu: Target, steps: tuple[str, ...] | None = None,
         "remat": cfg.remat, "scan_layers": cfg.scan_layers,
         "model_flops_per_step": model_flops_per_step(config),
         "telemetry_every": config.train.get("telemetry_every", 0), "steps": {},
+        "data_source": config.data.source, "data_note": data_note(config),
     }
+    if TELEMETRY in steps:
+        from gated_attention.telemetry import telemetry_rows
+
+        report["telemetry_rows"] = telemetry_rows(config)
+    if check_only:
+        from gated_attention import sharding, train
+
+        train.check_batch_layout(config, mesh, sharding.rules_from_config(config.get("mesh")))
+        report.update(checked_only=True, fits=None)
+        return report
     for name in steps:
         try:
             step = (compile_telemetry(config, mesh, platform=platform) if name == TELEMETRY
@@ -240,6 +264,9 @@ def format_report(info: Mapping[str, Any]) -> str:
         f"{info['grad_accum']}, remat {info['remat']}, scan_layers {info['scan_layers']}, "
         f"attention {info['attention_impl']}",
     ]
+    if info.get("checked_only"):
+        return "\n".join(head + [info["data_note"], f"=> checks passed for {target}; nothing "
+                                 "compiled (drop --check_only to compile)"])
     refused = {n: s["compiler_error"] for n, s in info["steps"].items() if "compiler_error" in s}
     head += [f"{_label(n)}: refused by the compiler: {e}" for n, e in refused.items()]
     steps = {n: s for n, s in info["steps"].items() if n not in refused}
@@ -250,6 +277,9 @@ def format_report(info: Mapping[str, Any]) -> str:
 
     for key in ("arguments", "outputs", "aliased", "temporaries", "total"):
         row(f"  {key}", lambda s, k=key: _gib(s["memory"][k]))
+    if TELEMETRY in steps and "telemetry_rows" in info:
+        row("  rows of the global batch", lambda s: str(info["batch_size"]) if s is not
+            steps.get(TELEMETRY) else str(info["telemetry_rows"]))
     row("  fits (headroom)", lambda s: ("yes" if s["fits"] else "NO")
         + f" ({_gib(s['headroom'])})")
     row("  compiled FLOPs", lambda s: f"{s['flops_per_device']:.4g}")
@@ -282,8 +312,15 @@ def format_report(info: Mapping[str, Any]) -> str:
         looped = (f"; its first-token pass loops over {BLOCK} x {BLOCK} (query, key) blocks, "
                   "counted once" if info["seq_len"] > BLOCK else "")
         notes.append(f"note: telemetry runs once every {info['telemetry_every']} steps{looped}")
+    notes.append(info["data_note"])
     verdict = "fits" if info["fits"] else "does NOT fit"
-    return "\n".join(head + body + notes + [f"=> {verdict} on {target}"])
+    ending = [f"=> {verdict} on {target}"]
+    if not info["fits"]:
+        from gated_attention.memory import fit_levers
+
+        ending.append(fit_levers(info["mesh"], info["batch_size"], info["grad_accum"],
+                                 info["remat"], more_devices="a larger slice (--accelerator)"))
+    return "\n".join(head + body + notes + ending)
 
 
 def main(argv: list[str]) -> None:
@@ -300,11 +337,12 @@ def main(argv: list[str]) -> None:
                 raise UserError(f"--steps {s!r} is not allowed; choose from "
                                 f"{', '.join(PREFLIGHT_STEPS)}")
         info = preflight(FLAGS.config, tpu, steps,
-                         Path(FLAGS.dump_hlo) if FLAGS.dump_hlo else None, FLAGS.slices)
+                         Path(FLAGS.dump_hlo) if FLAGS.dump_hlo else None, FLAGS.slices,
+                         check_only=FLAGS.check_only)
     except UserError as err:  # AcceleratorError, GpuAcceleratorError, ConfigError, ...
         errors.fail(err, "Pre-flight error")
     print(json.dumps(info, indent=2) if FLAGS.json else format_report(info))
-    if not info["fits"]:
+    if info["fits"] is False:
         sys.exit(1)
 
 
@@ -336,6 +374,8 @@ def define_flags() -> None:
                          "data-centre network (multislice); the config's mesh.dcn_* sizes must "
                          "multiply to this.")
     flags.DEFINE_bool("json", False, "Print JSON instead of a table.")
+    flags.DEFINE_bool("check_only", False, "Run every check up to the compile (config, data, "
+                      "the mesh on the target's devices, batch layout) and compile nothing.")
     flags.DEFINE_string("dump_hlo", "", "Folder to write the optimized HLO of each step to.")
     flags.mark_flags_as_required(["config", "accelerator"])
 
