@@ -1,0 +1,59 @@
+"""Length buckets and fixed-size batches: every request is padded to one of a few lengths and
+every batch to the same row count, so the scoring and decoding functions compile once per
+bucket instead of once per request length."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
+
+import numpy as np
+
+T = TypeVar("T")
+SMALLEST_BUCKET = 16
+
+
+def bucket_length(length: int, cap: int) -> int:
+    """The smallest power of two >= length (at least SMALLEST_BUCKET), at most `cap`."""
+    if length > cap:
+        raise ValueError(f"a row of {length} tokens does not fit the cap of {cap}")
+    bucket = SMALLEST_BUCKET
+    while bucket < length:
+        bucket *= 2
+    return min(bucket, cap)
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def longest_first(items: Sequence[T], length: Sequence[int]) -> list[int]:
+    """Indices of `items`, longest first (ties in their given order): neighbours share a bucket."""
+    return sorted(range(len(items)), key=lambda i: -length[i])
+
+
+def chunks(order: Sequence[int], size: int) -> Iterator[list[int]]:
+    for start in range(0, len(order), size):
+        yield list(order[start:start + size])
+
+
+def right_padded(rows: Sequence[Sequence[int]], length: int, batch: int,
+                 pad_id: int = 0) -> np.ndarray:
+    """[batch, length] int32: the rows left-aligned, padded on the right and below."""
+    out = np.full((batch, length), pad_id, np.int32)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = row
+    return out
+
+
+def left_padded(rows: Sequence[Sequence[int]], length: int, batch: int,
+                pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """([batch, length] tokens, positions): rows right-aligned, pads (and the filler rows below,
+    one token each) at negative positions, which the KV cache never lets anyone see."""
+    tokens = np.full((batch, length), pad_id, np.int32)
+    positions = np.tile(np.arange(length, dtype=np.int32) - (length - 1), (batch, 1))
+    for i, row in enumerate(rows):
+        pad = length - len(row)
+        tokens[i, pad:] = row
+        positions[i] = np.arange(length, dtype=np.int32) - pad
+    return tokens, positions

@@ -1,0 +1,120 @@
+"""Downstream evaluation with EleutherAI's lm-evaluation-harness on this project's JAX model.
+
+    python -m gated_attention.harness --workdir=runs/demo/gated --tasks=my_task \\
+        --include_path=tasks/ --output_path=out/ --log_samples
+    python -m gated_attention.harness --hf_dir=path/to/Qwen3-folder --tasks=hellaswag \\
+        --num_fewshot=10 --allow_downloads --dtype=bfloat16
+
+The flags are lm-eval's own (--tasks, --num_fewshot, --limit, --include_path, --batch_size,
+--output_path, --log_samples, --seed, --apply_chat_template) plus the model's: --workdir or
+--hf_dir, --dtype, --max_length. The output files are lm-eval's (results_<date>.json and
+samples_<task>_<date>.jsonl). Nothing is downloaded unless --allow_downloads is given. Bad
+input is one line naming the flag (exit status 2) before anything compiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from gated_attention import errors
+from gated_attention.errors import UserError
+from gated_attention.evaluation import runner
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gated_attention.harness",
+                                description=__doc__.split("\n\n")[0])
+    model = p.add_argument_group("model")
+    model.add_argument("--workdir", default="", help="A training run (its latest checkpoint and "
+                       "tokenizer).")
+    model.add_argument("--hf_dir", default="", help="A Hugging Face folder any layout "
+                       "load_pretrained reads (config.json, safetensors, tokenizer.json).")
+    model.add_argument("--dtype", default="float32", help="Compute dtype: float32 | bfloat16.")
+    model.add_argument("--max_length", type=int, default=0, help="Context length in tokens "
+                       "(default: the model's max_position_embeddings, a run's data.seq_len).")
+    lm = p.add_argument_group("lm-eval")
+    lm.add_argument("--tasks", default="", help="Comma-separated lm-eval task names.")
+    lm.add_argument("--num_fewshot", type=int, default=None)
+    lm.add_argument("--limit", type=float, default=None, help="Examples per task (a fraction "
+                    "if below 1).")
+    lm.add_argument("--include_path", default=None, help="A folder of task YAML files.")
+    lm.add_argument("--batch_size", default="16", help="Rows per compiled call (or 'auto' = "
+                    "16), rounded up to a multiple of the data-parallel devices.")
+    lm.add_argument("--output_path", default=None)
+    lm.add_argument("--log_samples", action="store_true")
+    lm.add_argument("--seed", type=int, default=0, help="lm-eval's seeds and the sampling seed.")
+    lm.add_argument("--apply_chat_template", action="store_true", help="Prompts through the "
+                    "tokenizer's chat_template (tokenizer_config.json).")
+    lm.add_argument("--allow_downloads", action="store_true", help="Let lm-eval fetch hub "
+                    "datasets (off: HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1).")
+    return p
+
+
+def _batch_size(text: str) -> int:
+    if text == "auto":
+        return 16
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UserError(f"--batch_size={text!r} must be a positive integer or 'auto'")
+    return value
+
+
+def check_flags(args: argparse.Namespace) -> runner.TaskRequest:
+    """Flags that need no model or task: checked first."""
+    if args.max_length < 0:
+        raise UserError(f"--max_length={args.max_length} must be >= 1 (0: the model's own)")
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        raise UserError(f"--num_fewshot={args.num_fewshot} must be >= 0")
+    if args.limit is not None and args.limit <= 0:
+        raise UserError(f"--limit={args.limit} must be > 0")
+    if args.log_samples and not args.output_path:
+        raise UserError("--log_samples needs --output_path (where the samples files go)")
+    _batch_size(args.batch_size)
+    limit = args.limit if args.limit is None or args.limit < 1 else int(args.limit)
+    return runner.TaskRequest(
+        tasks=[t.strip() for t in args.tasks.split(",") if t.strip()],
+        num_fewshot=args.num_fewshot, limit=limit, include_path=args.include_path,
+        seed=args.seed, apply_chat_template=args.apply_chat_template,
+        log_samples=args.log_samples, output_path=args.output_path,
+        allow_downloads=args.allow_downloads)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    request = check_flags(args)
+    runner.set_offline(args.allow_downloads)  # before lm-eval and datasets are imported
+    from gated_attention.evaluation import backend, engine, loading
+
+    runner.load_tasks(request)  # unknown tasks and offline datasets fail before the model
+    loaded = loading.load(args.workdir, args.hf_dir, args.dtype)
+    if args.apply_chat_template and not loaded.chat_template:
+        raise UserError("--apply_chat_template: the model's tokenizer defines no chat_template "
+                        "(tokenizer_config.json)")
+    lm = backend.JaxLM(engine.Engine(loaded.model), loaded.codec,
+                       max_length=args.max_length or loaded.max_length,
+                       batch_size=_batch_size(args.batch_size), seed=args.seed,
+                       name=loaded.name, chat_template=loaded.chat_template)
+    return runner.evaluate(lm, request, model_args={
+        "pretrained": loaded.name, "dtype": args.dtype, "max_length": lm.max_length})
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    try:
+        results = run(args)
+    except UserError as err:
+        errors.fail(err)
+    from lm_eval.utils import make_table
+
+    if results:
+        print(make_table(results))
+        print(json.dumps(runner.headline(results), indent=2))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
