@@ -1,15 +1,23 @@
-"""Run a command on a TPU worker and keep a copy of its output in the bucket as it runs.
+"""Run a command on a worker and keep a copy of its output in the bucket as it runs.
 
     python -m gated_attention.pods.worker_log --dest gs://b/runs/NAME/logs \
-        --name worker-{worker}.log [--every 60] -- python -m gated_attention.main ...
+        --name worker-{worker}.log [--every 30] -- python -m gated_attention.main ...
 
-The command's stdout and stderr go to this process's stdout and to a local file; that file
-is copied to DEST/NAME every `--every` seconds and when the command ends, so a preempted
-VM's log is in the bucket up to the last copy. `{worker}` in NAME is the worker's number
-(TPU_WORKER_ID, else CLOUD_TPU_TASK_ID, else the host name). A log already at DEST/NAME
-(an earlier attempt's) is kept: this attempt's output is added after it. SIGTERM, SIGINT
-and SIGHUP are passed on to the command (a preempted VM's SIGTERM must reach main.py);
-the exit code is the command's (128 + N when a signal N ended it).
+Each attempt (each start of this wrapper) writes its own object, never another's:
+DEST/worker-3.<start time>.<host>.<pid>.log for `--name worker-{worker}.log` on worker 3.
+A relaunch, a JobSet restart or a second launch running beside the first therefore adds its
+log beside the earlier ones; a rewrite of one shared object could lose an attempt's lines
+(two attempts alive at once, or a bucket that failed to answer the read). The start time
+sorts the attempts: `attempts()` lists them in order and `read_all()` joins them, as
+`gcloud storage cat 'DEST/worker-3.*.log'` does.
+
+The command's stdout and stderr go to this process's stdout and to a local file, copied to
+the attempt's object every `--every` seconds (30: the bucket is at most a minute behind,
+a slow copy included) and once more when the command has ended, after a last line
+`### exit N` with its exit code. SIGTERM, SIGINT and SIGHUP are passed on to the command,
+which is then waited for: a trainer that saves on SIGTERM has saved before that line is
+written (128 + N when a signal N ended it, as the shell counts). `{worker}` in NAME is the
+worker's number (TPU_WORKER_ID, else CLOUD_TPU_TASK_ID, else the host name).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from gated_attention import cli_flags, paths
 WORKER_ENV = ("TPU_WORKER_ID", "CLOUD_TPU_TASK_ID")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 DEFAULT_LOCAL = "~/.cache/gated_attention/worker_logs"
+DEFAULT_EVERY_S = 30.0
 EXIT_LINE = "### exit "  # begins an attempt's last line, written once its command ended
 
 
@@ -44,24 +53,52 @@ def worker_name(env: Mapping[str, str] | None = None) -> str:
     return socket.gethostname()
 
 
+def attempt_name(name: str, start: datetime.datetime, host: str, pid: int) -> str:
+    """`worker-3.log` -> `worker-3.20261204T165000.123456Z.host.1234.log`: fixed-width UTC
+    time first, so the names of one log's attempts sort in the order they started."""
+    stem, dot, suffix = name.rpartition(".")
+    stem, suffix = (stem, f".{suffix}") if dot else (name, "")
+    stamp = start.astimezone(datetime.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    return f"{stem}.{stamp}.{host.replace('/', '_')}.{pid}{suffix}"
+
+
+def attempts(dest: paths.PathLike, name: str) -> list[str]:
+    """The objects of every attempt of log `name` (its {worker} filled in) under `dest`,
+    oldest first."""
+    stem, dot, suffix = name.rpartition(".")
+    stem, suffix = (stem, f".{suffix}") if dot else (name, "")
+    folder = os.fspath(paths.resolve(dest)).rstrip("/")
+    if paths.is_local(folder):
+        names = os.listdir(folder) if os.path.isdir(folder) else []
+    else:  # one fresh listing: other processes write these objects
+        import fsspec
+
+        fs, key = fsspec.core.url_to_fs(folder)
+        fs.invalidate_cache()
+        names = [p.rsplit("/", 1)[-1] for p in fs.glob(f"{key}/{stem}.*{suffix}")]
+    return sorted(f"{folder}/{n}" for n in names
+                  if n.startswith(f"{stem}.") and n.endswith(suffix)
+                  and n[len(stem) + 1:len(stem) + 2].isdigit())
+
+
+def read_all(dest: paths.PathLike, name: str) -> str:
+    """Every attempt's log of `name`, oldest first, as one text."""
+    return "".join(paths.read_current(path) for path in attempts(dest, name))
+
+
 class LogCopier:
-    """Keeps DEST/NAME equal to (what it held before this attempt) + the local log."""
+    """Keeps one attempt's object equal to its local log (no other object is written)."""
 
     def __init__(self, local: str, remote: paths.PathLike) -> None:
         self.local, self.remote = local, paths.resolve(remote)
         self._lock = threading.Lock()
-        try:
-            self.before = self.remote.read_bytes() if self.remote.exists() else b""
-        except Exception as err:  # noqa: BLE001 - a log copy must never stop the run
-            print(f"worker_log: cannot read {self.remote} ({err})", file=sys.stderr)
-            self.before = b""
 
     def copy(self) -> bool:
         with self._lock, open(self.local, "rb") as f:
             data = f.read()
             try:
                 self.remote.parent.mkdir(parents=True, exist_ok=True)
-                self.remote.write_bytes(self.before + data)
+                self.remote.write_bytes(data)
                 return True
             except Exception as err:  # noqa: BLE001 - retried at the next copy
                 print(f"worker_log: could not copy to {self.remote} ({err}); will retry",
@@ -69,19 +106,27 @@ class LogCopier:
                 return False
 
 
-def run(command: Sequence[str], dest: str, name: str, every: float = 60.0,
+def _exit_code(rc: int) -> int:
+    return rc if rc >= 0 else 128 - rc
+
+
+def run(command: Sequence[str], dest: str, name: str, every: float = DEFAULT_EVERY_S,
         local_dir: str = DEFAULT_LOCAL) -> int:
-    name = name.replace("{worker}", worker_name())
+    """Run `command` with its log copied to this attempt's object under `dest`; its exit
+    code (128 + N for a signal N)."""
+    start = datetime.datetime.now(datetime.UTC)
+    host = socket.gethostname()
+    own = attempt_name(name.replace("{worker}", worker_name()), start, host, os.getpid())
     local_folder = os.path.abspath(os.path.expanduser(local_dir))
     os.makedirs(local_folder, exist_ok=True)
-    local = os.path.join(local_folder, name)
-    copier = LogCopier(local, f"{dest.rstrip('/')}/{name}")
-    stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    local = os.path.join(local_folder, own)
+    copier = LogCopier(local, f"{dest.rstrip('/')}/{own}")
     with open(local, "wb") as out:
-        out.write(f"### {stamp} {socket.gethostname()}: {' '.join(command)}\n".encode())
+        out.write(f"### {start.isoformat(timespec='seconds')} {host}: "
+                  f"{' '.join(command)}\n".encode())
         out.flush()
         proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        for signum in FORWARDED:
+        for signum in FORWARDED:  # passed on; the command decides when it ends
             signal.signal(signum, lambda s, _f: proc.send_signal(s))
         done = threading.Event()
 
@@ -89,8 +134,7 @@ def run(command: Sequence[str], dest: str, name: str, every: float = 60.0,
             while not done.wait(every):
                 copier.copy()
 
-        copying = threading.Thread(target=copy_every, daemon=True)
-        copying.start()
+        threading.Thread(target=copy_every, daemon=True).start()
         assert proc.stdout is not None
         lock = threading.Lock()
 
@@ -106,15 +150,15 @@ def run(command: Sequence[str], dest: str, name: str, every: float = 60.0,
 
         pumping = threading.Thread(target=pump, daemon=True)
         pumping.start()
-        rc = proc.wait()
+        rc = _exit_code(proc.wait())
         # A process the command left behind may hold its output open: do not wait for it.
         pumping.join(timeout=5.0)
         done.set()
         with lock:
-            out.write(f"{EXIT_LINE}{rc if rc >= 0 else 128 - rc}\n".encode())
+            out.write(f"{EXIT_LINE}{rc}\n".encode())
             out.close()
     copier.copy()
-    return rc if rc >= 0 else 128 - rc
+    return rc
 
 
 def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
@@ -123,7 +167,8 @@ def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
                         flag_values=flag_values)
     flags.DEFINE_string("name", None, "File name; {worker} = worker number.",
                         flag_values=flag_values)
-    flags.DEFINE_float("every", 60.0, "Seconds between copies.", flag_values=flag_values)
+    flags.DEFINE_float("every", DEFAULT_EVERY_S, "Seconds between copies.",
+                       flag_values=flag_values)
     flags.DEFINE_string("local", DEFAULT_LOCAL, "Folder of the local log.",
                         flag_values=flag_values)
     flags.mark_flags_as_required(["dest", "name"], flag_values=flag_values)
