@@ -24,7 +24,6 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gated_attention import sharding
-from gated_attention.generate import top_p_filter
 from gated_attention.layers.kv_cache import empty_caches
 from gated_attention.model import Transformer, per_layer
 
@@ -70,12 +69,13 @@ def choose(logits: jax.Array, key: jax.Array, temperature: float, top_p: float,
     """Greedy at temperature 0, else a draw from softmax(logits / T) within top-k and top-p."""
     if temperature <= 0.0:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    scaled = logits / temperature
-    if top_k:
-        kth = jax.lax.top_k(scaled, top_k)[0][:, -1:]
-        scaled = jnp.where(scaled < kth, -jnp.inf, scaled)
-    scaled = top_p_filter(scaled, top_p)
-    return jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
+    # as transformers orders its warpers: temperature, then top-k, then top-p (nucleus)
+    ranked, order = jax.lax.top_k(logits / temperature, logits.shape[-1])
+    keep = jnp.arange(ranked.shape[-1]) < (top_k or ranked.shape[-1])
+    probs = jax.nn.softmax(jnp.where(keep, ranked, -jnp.inf), axis=-1)
+    keep &= jnp.cumsum(probs, axis=-1) - probs < top_p  # the most likely one always stays
+    pick = jax.random.categorical(key, jnp.where(keep, ranked, -jnp.inf), axis=-1)
+    return jnp.take_along_axis(order, pick[:, None], axis=-1)[:, 0].astype(jnp.int32)
 
 
 def _prefill(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array,
