@@ -218,6 +218,12 @@ def train_section() -> ml_collections.ConfigDict:
         # The matmul accumulates in float32 and the softmax, its sums and the gradient run
         # in float32 either way; "compute" rounds each logit once (bfloat16: 8 bits).
         logits_dtype="float32",
+        # lm-eval tasks during training (evaluation/hook.py): every harness_every steps and
+        # at the end, harness_tasks (comma-separated lm-eval names; local YAML tasks from
+        # harness_include_path) on harness_limit examples each (0 = all), into metrics.jsonl
+        # (kind "harness"), TensorBoard and record.json; 0 = off.
+        harness_every=0, harness_tasks="", harness_include_path="", harness_limit=0,
+        harness_batch_size=16,
     ))
 
 
@@ -399,5 +405,8 @@ def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:
     cfg = model_config(config)
     data_registry.check_section(config, cfg)
     train_config.check_section(config.train)
+    from gated_attention.evaluation import hook as harness_hook  # noqa: PLC0415 - no lm-eval
+
+    harness_hook.check_fields(config.train)
     optim.check_section(config.optimizer, config.train.steps)
     return cfg

@@ -563,6 +563,11 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
             return eval_jit(params, batch)
 
     writer = metrics_lib.MetricsWriter(run.workdir, enabled=run.primary, resume_step=start)
+    harness = None
+    if train_cfg.get("harness_every", 0) and start < train_cfg.steps:
+        from gated_attention.evaluation import hook as harness_hook
+
+        harness = harness_hook.TrainingHarness(run)  # tasks resolved before the first step
     metrics = _PendingMetrics(run, writer, start)
     telemetry_every = train_cfg.get("telemetry_every", 0)
     telemetry_fn = _telemetry_fn(run) if telemetry_every else None
@@ -622,6 +627,8 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
                 if bar is not None:
                     bar.write(f"step {done}: held-out loss {last_eval['loss']:.4f}, "
                               f"perplexity {last_eval['perplexity']:.2f}")
+            if harness is not None and harness_hook.due(train_cfg, done):
+                writer.write(done, harness(state["params"]), kind="harness")
             if at_checkpoint or stopping:
                 run.ckpt.save(done, state, run.inputs.train)
                 writer.flush()  # a bucket's metrics.jsonl is rewritten here, not every step
@@ -701,6 +708,9 @@ def write_record(run: PreparedRun, result: LoopResult, last: Mapping[str, Any],
                               eval_metrics=last_eval, telemetry=telemetry,
                               wall_seconds=result.wall_seconds, flops_per_token=flops,
                               code=result.code, calls=run_record.read_calls(run.workdir))
+    harness = next((r for r in reversed(records) if r.get("kind") == "harness"), None)
+    if harness is not None:  # train.harness_tasks' last scores (evaluation/hook.py)
+        record["final"]["harness"] = harness
     paths.write_atomic(run.workdir / run_record.RECORD_FILE,
                        json.dumps(record, indent=2, default=str) + "\n")
 
