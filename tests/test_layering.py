@@ -63,6 +63,7 @@ FLOORS: dict[str, int] = {
     "gated_attention.run_record": 4,
     "gated_attention.telemetry_report": 4,
     "gated_attention.hf": 4,
+    "gated_attention.evaluation": 4,  # lm-eval's backend: the training loop runs it too
     # 5: command lines.
     "gated_attention.main": 5,
     "gated_attention.inspect": 5,
@@ -73,6 +74,7 @@ FLOORS: dict[str, int] = {
     "gated_attention.convert": 5,
     "gated_attention.generate": 5,
     "gated_attention.evaluate_length": 5,
+    "gated_attention.harness": 5,
     "gated_attention.intervene": 5,
     "gated_attention.pods": 5,
 }
