@@ -233,12 +233,11 @@ def telemetry_rows(config: Any, batch_shards: int = 1) -> int:
     return rows
 
 
-def first_rows(batch: Mapping[str, jax.Array], rows: int) -> dict[str, jax.Array]:
-    """Rows 0, k, 2k, ... of the batch (k = batch / rows): the first of the train step's
-    micro-batches when rows is its size, spread over every data shard as the batch is."""
+def first_rows(batch: Mapping[str, jax.Array], pieces: int) -> dict[str, jax.Array]:
+    """Rows 0, k, 2k, ... of the batch (k = pieces): the first of the train step's
+    micro-batches when pieces = grad_accum, spread over every data shard as the batch is."""
     from gated_attention.train import split_micro_batches
 
-    pieces = batch["inputs"].shape[0] // rows
     if pieces == 1:
         return dict(batch)
     return jax.tree.map(lambda x: x[0], split_micro_batches(batch, pieces))
@@ -251,10 +250,10 @@ def make_telemetry_fn(graphdef: nnx.GraphDef, config: Any):
 
     cfg = config_lib.model_config(config)
     lo, hi = reductions.HISTOGRAM_RANGES[cfg.variant.activation]
-    rows = telemetry_rows(config)
+    pieces = config.train.batch_size // telemetry_rows(config)
 
     def telemetry(params: Any, batch: Mapping[str, jax.Array]) -> dict[str, Any]:
-        batch = first_rows(batch, rows)
+        batch = first_rows(batch, pieces)
         model = nnx.merge(graphdef, params)
         segment_ids = batch.get("segment_ids")
         shape = batch["inputs"].shape

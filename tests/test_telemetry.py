@@ -127,8 +127,40 @@ def test_model_telemetry_matches_the_xla_reference_maps_and_numpy(segmented):
     config, graphdef, params = _model()
     batch, seg = _batch(segmented)
     values = jax.jit(telemetry.make_telemetry_fn(graphdef, config))(params, batch)
-    record = telemetry.to_record(jax.device_get(values), "sigmoid")
-    layers = _captured(segmented)
+    _check_record(telemetry.to_record(jax.device_get(values), "sigmoid"), _captured(segmented),
+                  seg, params)
+
+
+@pytest.mark.parametrize("fields", [dict(grad_accum=2), dict(telemetry_rows=1)])
+def test_telemetry_reads_the_first_micro_batch_only(fields):
+    """With grad_accum = 2 (or telemetry_rows = 1) the telemetry of the 2-row batch is that of
+    its row 0 alone (the train step's first micro-batch: rows 0, k, 2k, ...): the numpy
+    reference on the whole batch's maps, restricted to row 0; row 1 (one segment, no padding)
+    differs from it, so the whole batch's statistics would not match."""
+    config, graphdef, params = _model()
+    config.train.update(batch_size=2, **fields)
+    batch, seg = _batch(True)
+    values = jax.jit(telemetry.make_telemetry_fn(graphdef, config))(params, batch)
+    first = [{name: value[:1] for name, value in layer.items()} for layer in _captured(True)]
+    _check_record(telemetry.to_record(jax.device_get(values), "sigmoid"), first, seg[:1],
+                  params)
+
+
+def test_telemetry_rows_that_do_not_split_the_batch_are_refused():
+    config, _, _ = _model()
+    config.train.update(batch_size=8, telemetry_rows=3)
+    with pytest.raises(config_lib.ConfigError, match=r"train.telemetry_rows=3 must divide "
+                       r"train.batch_size=8 and be divisible by the mesh's 2 batch shards"):
+        telemetry.telemetry_rows(config, batch_shards=2)
+    config.train.telemetry_rows = -1
+    with pytest.raises(config_lib.ConfigError, match=r"train.telemetry_rows=-1 must be an "
+                       r"integer >= 0 \(0 = one micro-batch"):
+        telemetry.telemetry_rows(config)
+
+
+def _check_record(record, layers, seg, params):
+    """The telemetry record against numpy statistics of the reference maps `layers` (per
+    layer: attention_probs, gate_scores, resid_after_ffn of the rows of `seg`)."""
     starts = _starts_numpy(seg)
     queries = (seg != 0) & (starts != np.arange(seg.shape[1])[None])
     tokens = seg != 0
