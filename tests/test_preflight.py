@@ -130,6 +130,12 @@ def test_report_dump_and_verdict(tiny_train_step, tmp_path, monkeypatch):
                                                                       hbm_bytes=2**20))
     refused = preflight.preflight(config, small, ("train",))
     assert not refused["fits"] and "does NOT fit" in preflight.format_report(refused)
+    # ... and says what would shrink it: the weights over the 4 data-parallel chips, half
+    # the sequences per micro-batch (remat is already full), a larger slice.
+    assert preflight.format_report(refused).splitlines()[-1] == (
+        "to fit: weights sharded over the data-parallel devices too (--config.mesh.data=1 "
+        "--config.mesh.fsdp=4); fewer sequences per micro-batch (--config.train.grad_accum=2 "
+        "or more; 8 now); a larger slice (--accelerator)")
     # A program the compiler refuses for memory is a "does not fit", not a crash.
     def out_of_memory(*args, **kwargs):
         raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the "
@@ -159,3 +165,91 @@ def test_report_dump_and_verdict(tiny_train_step, tmp_path, monkeypatch):
     assert asked == [(config.to_dict(), devices(mesh), "train", {})]
     assert section["compiled_train_step"]["total"] == step.memory["total"]
     assert section["mesh"]["data"] == 4
+
+
+def _preflight_cli(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT
+                   ) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "gated_attention.preflight", *args],
+                          capture_output=True, text=True, cwd=cwd, timeout=600,
+                          env={**os.environ, **(env or {})})
+
+
+TINY_SYNTHETIC = ("--config=configs/ablation.py:arch=tiny", "--config.data.source=synthetic")
+
+
+def _hidden_libtpu(folder: Path) -> dict[str, str]:
+    """An environment in which `import libtpu` fails, as where it was never installed."""
+    (folder / "libtpu").mkdir()
+    (folder / "libtpu" / "__init__.py").write_text("raise ImportError('not installed')\n")
+    return {"PYTHONPATH": f"{folder}:{ROOT}"}
+
+
+@pytest.mark.reference("error_message")
+def test_a_tpu_target_without_libtpu_is_one_line_naming_what_to_install(tmp_path):
+    result = _preflight_cli(*TINY_SYNTHETIC, "--accelerator=v5p-8", env=_hidden_libtpu(tmp_path))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "Pre-flight error: compiling for a TPU needs libtpu, which is not installed: "
+        f"`make install-test` installs it, or pip install 'jax[tpu]=={jax.__version__}' (no "
+        "TPU needed)")
+
+
+@pytest.mark.reference("error_message")
+def test_a_gpu_target_without_the_cuda_compile_pair_is_one_line_naming_it(tmp_path):
+    empty = tmp_path / "no_cuda_compile"
+    empty.mkdir()
+    result = _preflight_cli(*TINY_SYNTHETIC, "--accelerator=h200-8",
+                            env={"GATED_ATTENTION_CUDA_COMPILE": str(empty)})
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("Pre-flight error: compiling for an NVIDIA GPU needs the CUDA "
+                           "compile pair, which is not installed: `make install-test` installs "
+                           f"it, or pip install --no-deps --target {empty} jax-cuda12-plugin=="
+                           f"{jax.__version__} jax-cuda12-pjrt=={jax.__version__} "), last
+
+
+def documented_preflights() -> list[tuple[str, str]]:
+    """(document, command) of every pre-flight command in README.md and docs/*.md bash blocks,
+    continuation lines joined, a trailing pipe dropped."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_docs import DOCUMENTS, fenced_blocks
+
+    found = []
+    for doc in DOCUMENTS:
+        for _, info, body in fenced_blocks(doc.read_text()):
+            if info.split()[:1] != ["bash"]:
+                continue
+            for line in body.replace("\\\n", " ").splitlines():
+                if "gated_attention.preflight" in line:
+                    command = line.split(" | ")[0].strip()
+                    found.append((str(doc.relative_to(ROOT)), " ".join(command.split())))
+    return found
+
+
+def test_the_documents_have_preflight_commands():
+    documents = {doc for doc, _ in documented_preflights()}
+    assert {"README.md", "docs/preflight.md", "docs/gpu_clusters.md"} <= documents
+
+
+@pytest.mark.slow  # one process per command (jax, the config, the target's devices)
+@pytest.mark.needs("libtpu", "jax_plugins.xla_cuda12")
+@pytest.mark.reference("smoke")
+@pytest.mark.parametrize("document,command", documented_preflights(),
+                         ids=[f"{d}:{i}" for i, (d, _) in enumerate(documented_preflights())])
+def test_every_documented_preflight_passes_its_checks_as_printed(document, command, tmp_path):
+    """Each pre-flight command of the documents, as printed, gets through every check before
+    the compile (config, data, the mesh on the target's devices, the batch layout): a
+    newcomer's copy of it compiles (--check_only; the verdicts are measured in the docs).
+    The walk-throughs' shell variables take their documented values."""
+    import os
+
+    shell = (f"TPU_TYPE=v5p-64 variant=g1_sdpa_elementwise; "
+             f"{command.replace('python ', f'{sys.executable} ', 1)} --check_only")
+    result = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, cwd=ROOT,
+                            timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, f"{document}: {command}\n{result.stderr[-3000:]}"
+    assert "=> checks passed for" in result.stdout
