@@ -603,6 +603,10 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
                 metrics.telemetry.append((step, telemetry_fn(state["params"], batch)))
             state, step_metrics = step_fn(state, batch)
             done = step + 1
+            if telemetry_fn is not None and done == train_cfg.steps and (
+                    done % telemetry_every == 0):  # the final weights too (no next step): on
+                # the batch the last step trained on, so the curves reach the run's end
+                metrics.telemetry.append((done, telemetry_fn(state["params"], batch)))
             metrics.add(done, step_metrics)
             at_log = done % train_cfg.log_every == 0 or done == train_cfg.steps
             at_checkpoint = done == train_cfg.steps or bool(
