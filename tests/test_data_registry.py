@@ -191,7 +191,7 @@ def test_a_paper_size_model_on_synthetic_data_passes_the_data_checks_without_rea
 
 
 @pytest.mark.slow
-@pytest.mark.reference("hand_computed")
+@pytest.mark.reference("independent")
 def test_a_model_trained_on_synthetic_data_starts_at_the_uniform_loss(tmp_path):
     """Targets uniform over 61 ids: a freshly initialised model's loss is about ln 64 (its
     logits near zero over the 64-id vocabulary), and no data file is written but the

@@ -131,6 +131,7 @@ def test_model_telemetry_matches_the_xla_reference_maps_and_numpy(segmented):
                   seg, params)
 
 
+@pytest.mark.reference("independent")  # the numpy statistics of the reference maps
 @pytest.mark.parametrize("fields", [dict(grad_accum=2), dict(telemetry_rows=1)])
 def test_telemetry_reads_the_first_micro_batch_only(fields):
     """With grad_accum = 2 (or telemetry_rows = 1) the telemetry of the 2-row batch is that of
@@ -146,6 +147,7 @@ def test_telemetry_reads_the_first_micro_batch_only(fields):
                   params)
 
 
+@pytest.mark.reference("error_message")
 def test_telemetry_rows_that_do_not_split_the_batch_are_refused():
     config, _, _ = _model()
     config.train.update(batch_size=8, telemetry_rows=3)
