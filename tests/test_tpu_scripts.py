@@ -24,31 +24,33 @@ SETTINGS = {"PROJECT": "my-proj", "ZONE": "us-central2-b", "BUCKET": "gs://bkt/g
 LOCATION = ["--project=my-proj", "--zone=us-central2-b"]
 SCRIPT_ARGS = {"create.sh": [], "setup.sh": [], "teardown.sh": ["--yes"],
                "launch.sh": ["--name", "r1"], "logs.sh": ["--name", "r1"],
-               "launch_grid.sh": ["--grid", "experiments/grids/table1.py", "--name", "t1"],
-               "gke_launch.sh": ["--name", "r1"],
-               "supervise.sh": ["--name", "r1"]}  # its loop: tests/test_supervisor.py
+               "gke_launch.sh": ["--name", "r1"]}
 
 
 @pytest.fixture(autouse=True)
 def stand_ins(tmp_path_factory, monkeypatch):
-    """A recording `gcloud` (and `xpk`) first on PATH, and a recording Python for the
-    pre-flight (it runs experiments.run_grid and `-c` snippets for real: launch_grid plans the
-    grid with it, setup reads the jax version). Yields the folder where they write: gcloud.log
-    and xpk.log must never appear, python.log holds one line per call."""
+    """A recording `gcloud` (and `xpk`, `docker`) first on PATH, and a recording Python for
+    the pre-flight (it runs experiments.grid_workloads and `-c` snippets for real: gke_launch
+    lists a grid's runs with it, setup reads the jax version). Builds go to a folder of the
+    test's own. Yields the folder where they write: gcloud.log, xpk.log and docker.log must
+    never appear, python.log holds one line per call."""
     folder = tmp_path_factory.mktemp("stand_ins")
     (folder / "gcloud").write_text(f'#!/bin/sh\necho "$*" >> {folder}/gcloud.log\nexit 0\n')
     (folder / "xpk").write_text(f'#!/bin/sh\necho "$*" >> {folder}/xpk.log\nexit 0\n')
     (folder / "python").write_text(
         "#!/bin/sh\n"
-        f'case "$*" in *experiments.run_grid* | "-c "*) exec {sys.executable} "$@" ;; esac\n'
+        f'case "$*" in *experiments.grid_workloads* | "-c "*) exec {sys.executable} "$@" ;; esac\n'
         f'echo "$*" >> {folder}/python.log\n')
-    for name in ("gcloud", "xpk", "python"):
+    (folder / "docker").write_text(f'#!/bin/sh\necho "$*" >> {folder}/docker.log\nexit 0\n')
+    for name in ("gcloud", "xpk", "docker", "python"):
         (folder / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
     monkeypatch.setenv("GATED_ATTENTION_PYTHON", str(folder / "python"))
+    monkeypatch.setenv("GATED_ATTENTION_BUILD_ROOT", str(folder / "build"))
     yield folder
     assert not (folder / "gcloud.log").exists(), "a test called gcloud"
     assert not (folder / "xpk.log").exists(), "a test called xpk"
+    assert not (folder / "docker.log").exists(), "a test called docker"
 
 
 def preflight_calls(stand_ins):
@@ -103,19 +105,69 @@ def test_create_asks_queued_resources_or_creates_directly(tmp_path):
                        "--accelerator-type=v4-32", "--version=tpu-ubuntu2204-base"]]
 
 
-def test_setup_copies_the_commit_and_installs_on_every_worker(tmp_path):
-    archive, scp, ssh = dry_run(tmp_path, "setup.sh", EXTRAS="seqio")
-    assert archive[:2] == ["git", "-C"] and archive[3:5] == ["archive", "--format=tar.gz"]
-    assert scp[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "scp", archive[5][9:]]
-    assert scp[6:] == ["ga-pod:gated_attention.tar.gz", *LOCATION, "--worker=all"]
+def built_commit(lines):
+    """The commit a dry run builds (its `git archive`): HEAD when it ran (HEAD or one of its
+    ancestors now, if a commit came meanwhile)."""
+    (archive,) = [line for line in lines if line[:1] == ["git"] and "archive" in line]
+    commit = archive[-1]
+    assert len(commit) == 12 and subprocess.run(
+        ["git", "-C", str(SCRIPTS.parent), "merge-base", "--is-ancestor", commit, "HEAD"]
+    ).returncode == 0
+    return commit
+
+
+def build_steps(build, python, commit):
+    """The commands setup.sh prints to build a commit's wheel and configs once."""
+    part = f"{build}/{commit}.partial"
+    return [["rm", "-rf", part], ["mkdir", "-p", f"{part}/src"],
+            ["git", "-C", str(SCRIPTS.parent), "archive", "--format=tar",
+             f"--output={part}/src.tar", commit],
+            ["tar", "-xf", f"{part}/src.tar", "-C", f"{part}/src"],
+            [python, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+             f"--wheel-dir={part}/dist", f"{part}/src"],
+            ["cp", "-r", f"{part}/src/configs", f"{part}/configs"],
+            ["rm", "-rf", f"{part}/src", f"{part}/src.tar"],
+            ["echo", commit, ">", f"{part}/COMMIT", "&&", "mv", part, f"{build}/{commit}"]]
+
+
+def test_setup_builds_the_commit_once_and_installs_its_wheel_on_every_worker(tmp_path,
+                                                                             stand_ins):
+    build = stand_ins / "build"
+    *steps, tar, scp, ssh = dry_run(tmp_path, "setup.sh", EXTRAS="seqio")
+    head = built_commit(steps)
+    assert steps == build_steps(build, os.environ["GATED_ATTENTION_PYTHON"], head)
+    archive = f"{build}/gated_attention-{head}.tar.gz"
+    assert tar == ["tar", "-czf", archive, "-C", f"{build}/{head}", "."]
+    assert scp == ["gcloud", "compute", "tpus", "tpu-vm", "scp", archive,
+                   "ga-pod:gated_attention.tar.gz", *LOCATION, "--worker=all"]
     assert ssh[:9] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "ga-pod", *LOCATION,
                        "--worker=all"]
-    remote = remote_command(ssh)
-    assert ".[gcs,seqio]" in remote and f"jax[tpu]=={jax.__version__}" in remote
     text = remote_command_text(ssh)  # uv brings Python 3.11; the image's python3 is not used
     assert "uv venv --clear --python 3.11 .venv" in text and "python3 -m venv" not in text
+    assert ("uv pip install --python .venv/bin/python -q --reinstall-package gated_attention "
+            f'"$(ls dist/*.whl)[gcs,seqio]" \'jax[tpu]=={jax.__version__}\'') in text
+    assert "git archive" not in text and " -e " not in text  # the wheel, not the source tree
     *_, plain = dry_run(tmp_path, "setup.sh", EXTRAS="")
-    assert ".[gcs]" in remote_command(plain)  # gs:// workdirs need gcsfs, always
+    assert '"$(ls dist/*.whl)[gcs]"' in remote_command_text(plain)  # gs:// workdirs: gcsfs
+
+
+def test_setup_after_a_recreate_installs_the_pinned_build_not_a_later_commit(tmp_path,
+                                                                           stand_ins):
+    """The TPU_NAME's first setup pinned commit `abc`; a recreate's setup installs abc's
+    build again (a resumed run keeps its code) and says HEAD differs; --rebuild builds HEAD."""
+    build = stand_ins / "build"
+    (build / "pins").mkdir(parents=True)
+    (build / "pins" / "ga-pod").write_text("abc\n")
+    (build / "abc").mkdir()
+    (build / "abc" / "COMMIT").write_text("abc\n")
+    result = run("setup.sh", "--config", str(write_settings(tmp_path)), "--dry-run")
+    assert result.returncode == 0, result.stderr
+    tar, _, _ = [shlex.split(line) for line in result.stdout.splitlines()]
+    assert tar[:3] == ["tar", "-czf", f"{build}/gated_attention-abc.tar.gz"]
+    assert "ga-pod runs commit abc (pinned at its first setup); HEAD is " in result.stderr
+    *steps, _, _, _ = dry_run(tmp_path, "setup.sh", "--rebuild")
+    assert steps == build_steps(build, os.environ["GATED_ATTENTION_PYTHON"],
+                                built_commit(steps))
 
 
 def test_launch_runs_main_on_all_workers_with_a_gcs_workdir(tmp_path):
@@ -139,41 +191,14 @@ def test_launch_runs_main_on_all_workers_with_a_gcs_workdir(tmp_path):
         "--config=configs/ablation.py:arch=tiny,variant=g1_sdpa_elementwise",
         "--workdir=gs://bkt/ga/runs/r1", "--progress=false", "--config.train.steps=10",
         "--config.data.paths=a b"]
-    assert remote[-6:] == [">", "~/logs/r1.log", "2>&1", "<", "/dev/null", "&"]
+    assert remote[-6:] == [">>", "~/logs/r1.log", "2>&1", "<", "/dev/null", "&"]
+    # a worker where a training of r1 lives refuses (its wrapper holds the lock on fd 9)
+    assert remote_command_text(ssh).startswith(
+        "mkdir -p ~/logs && cd ~/gated_attention && exec 9>>~/logs/r1.lock && if ! flock -n 9;"
+        " then echo \"error: $(hostname): a training of r1 is alive on this worker")
     # a dry run started nothing and does not say it did
     assert "Started" not in result.stderr
     assert "# Would start r1 on every worker; workdir gs://bkt/ga/runs/r1" in result.stderr
-
-
-WORKER_ID = ("GATED_ATTENTION_WORKER_ID=$(curl -sf -H 'Metadata-Flavor: Google' "
-             "http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
-             "agent-worker-number)")
-
-
-def test_launch_grid_runs_the_grid_runner_with_a_gcs_root(tmp_path):
-    (ssh,) = dry_run(tmp_path, "launch_grid.sh", "--grid", "experiments/grids/table1.py",
-                     "--name", "t1", "--", "--scale", "tiny")
-    assert ssh[:9] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "ga-pod", *LOCATION,
-                       "--worker=all"]
-    command = remote_command_text(ssh)
-    # Each worker's number comes from the TPU VM metadata server, before anything starts.
-    assert f"cd ~/gated_attention && if {WORKER_ID}; then export GATED_ATTENTION_WORKER_ID;" \
-        in command
-    remote = shlex.split(command)
-    start = remote.index("experiments.run_grid")
-    # the grid runner under worker_log, which copies each worker's output to the bucket
-    assert remote[start - 14:start] == [
-        "GATED_ATTENTION_MULTIHOST=1", "GATED_ATTENTION_INIT_TIMEOUT_S=3600", "setsid", "nohup",
-        ".venv/bin/python", "-m", "gated_attention.pods.worker_log",
-        "--dest", "gs://bkt/ga/grids/t1/_worker_logs",
-        "--name", "ga-pod-worker-$GATED_ATTENTION_WORKER_ID.log", "--",
-        ".venv/bin/python", "-m"]
-    assert remote[start + 1:start + 15] == [
-        "experiments/grids/table1.py", "--root", "gs://bkt/ga/grids/t1", "--parallel", "1",
-        "--worker", "$GATED_ATTENTION_WORKER_ID", "--scale", "tiny",
-        ">", "~/logs/grid-t1.log", "2>&1", "<", "/dev/null"]
-    syntax = subprocess.run(["bash", "-n", "-c", command], capture_output=True, text=True)
-    assert syntax.returncode == 0, syntax.stderr
 
 
 def _fake_worker(tmp_path, curl_script):
@@ -190,39 +215,6 @@ def _fake_worker(tmp_path, curl_script):
     for script in (venv / "python", bin_dir / "curl"):
         script.chmod(0o755)
     return home, {**os.environ, "HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-
-
-@pytest.mark.parametrize("metadata_up", [True, False])
-def test_launch_grid_remote_command_runs_with_the_metadata_worker_number(tmp_path, metadata_up):
-    """The printed remote command, run by bash as a worker's shell would, starts run_grid with
-    --worker 3 and GATED_ATTENTION_WORKER_ID=3 when the metadata server answers 3; without an
-    answer it starts nothing and says why."""
-    (ssh,) = dry_run(tmp_path, "launch_grid.sh", "--grid", "experiments/grids/table1.py",
-                     "--name", "t1", "--", "--scale", "tiny")
-    command = remote_command_text(ssh)
-    curl = ('[ "$3" = "Metadata-Flavor: Google" ] && [ "${4##*/}" = agent-worker-number ] '
-            "&& echo 3" if metadata_up else "exit 22")
-    home, env = _fake_worker(tmp_path, curl + "\n")
-    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env,
-                            timeout=30)
-    ran = home / "ran"
-    if not metadata_up:
-        assert result.returncode == 1
-        assert "no worker number from the TPU metadata server" in result.stderr
-        time.sleep(0.2)
-        assert not ran.exists()
-        return
-    assert result.returncode == 0, result.stderr
-    deadline = time.monotonic() + 20
-    while not (ran.exists() and ran.read_text().endswith("\n")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert ran.read_text() == (
-        "id=3 multihost=1 timeout=3600 args=-m gated_attention.pods.worker_log --dest "
-        "gs://bkt/ga/grids/t1/_worker_logs --name ga-pod-worker-3.log -- .venv/bin/python -m "
-        "experiments.run_grid experiments/grids/table1.py --root gs://bkt/ga/grids/t1 "
-        "--parallel 1 --worker 3 --scale tiny\n")
-    assert (home / "logs" / "grid-t1.log").exists()
-
 
 
 def test_logs_and_teardown(tmp_path):
@@ -251,7 +243,6 @@ def test_every_script_names_a_missing_setting(tmp_path, script, missing):
     ("create.sh", "SPOT", "yes", "SPOT=yes in"),
     ("launch.sh", "BUCKET", None, "BUCKET is not set"),
     ("launch.sh", "BUCKET", "/data/runs", "must be a gs:// path"),
-    ("launch_grid.sh", "BUCKET", None, "BUCKET is not set"),
 ])
 def test_scripts_refuse_bad_settings(tmp_path, script, setting, value, message):
     settings = write_settings(tmp_path, **{setting: value})
@@ -266,7 +257,7 @@ def test_scripts_refuse_bad_flags_and_a_missing_settings_file(tmp_path):
         (["launch.sh", "--name", "a/b", "--config", settings], "may only hold letters"),
         (["launch.sh", "--name", "r", "--steps", "3", "--config", settings],
          "unknown flag '--steps'"),
-        (["launch_grid.sh", "--name", "t", "--grid", "nope.py", "--config", settings],
+        (["gke_launch.sh", "--name", "t", "--grid", "nope.py", "--config", settings],
          "--grid nope.py is not a file of this checkout"),
         (["create.sh", "--config", str(tmp_path / "absent.env")], "absent.env not found: copy"),
     ]
@@ -336,21 +327,6 @@ def test_launch_refuses_when_the_real_preflight_fails(tmp_path, monkeypatch):
     assert "nothing was started" in result.stderr and result.stdout == ""
 
 
-def test_launch_grid_preflights_each_distinct_run_config_once(tmp_path, stand_ins):
-    dry_run(tmp_path, "launch_grid.sh", "--grid", "experiments/grids/table3.py", "--name", "t3",
-            "--", "--scale", "tiny", "--seeds", "0,1")
-    calls = preflight_calls(stand_ins)
-    plan = subprocess.run(
-        [sys.executable, "-m", "experiments.run_grid", "experiments/grids/table3.py", "--root",
-         str(tmp_path / "r"), "--dry_run", "--no_analyze", "--scale", "tiny", "--seeds", "0"],
-        capture_output=True, text=True, cwd=SCRIPTS.parent, timeout=60,
-        env={**os.environ, "PYTHONPATH": str(SCRIPTS.parent)})
-    runs = [line for line in plan.stdout.splitlines() if line.startswith("# ")]
-    assert len(calls) == len(runs) > 1  # seeds 0 and 1 share one pre-flight
-    assert all(c[:2] == ["-m", "gated_attention.preflight"] and "--accelerator=v4-32" in c
-               and not any(a.startswith("--config.seed") for a in c) for c in calls)
-
-
 # ---------------------------------------------------------------- types, extra flags, slices
 
 def test_create_refuses_a_type_the_preflight_cannot_describe_before_any_gcloud_call(tmp_path):
@@ -389,7 +365,7 @@ def test_extra_create_and_ssh_args_pass_through(tmp_path):
     (direct,) = dry_run(tmp_path, "create.sh", QUEUED="false",
                         EXTRA_CREATE_ARGS='"--network=my-vpc --subnetwork=sub --internal-ips"')
     assert direct[-4:] == ["--spot", "--network=my-vpc", "--subnetwork=sub", "--internal-ips"]
-    _, scp, ssh = dry_run(tmp_path, "setup.sh", EXTRA_SSH_ARGS='"--internal-ip '
+    *_, scp, ssh = dry_run(tmp_path, "setup.sh", EXTRA_SSH_ARGS='"--internal-ip '
                           '--tunnel-through-iap"')
     assert scp[-2:] == ["--internal-ip", "--tunnel-through-iap"]
     assert ssh[9:11] == ["--internal-ip", "--tunnel-through-iap"]
@@ -408,7 +384,7 @@ def test_multislice_create_setup_logs_and_teardown(tmp_path):
     assert create[:9] == ["gcloud", "compute", "tpus", "queued-resources", "create", "ga-pod",
                           "--node-count=2", "--node-prefix=ga-pod", *LOCATION[:1]]
     assert not any(a.startswith("--node-id") for a in create)
-    _, scp0, scp1, ssh0, ssh1 = dry_run(tmp_path, "setup.sh", SLICES="2")
+    *_, scp0, scp1, ssh0, ssh1 = dry_run(tmp_path, "setup.sh", SLICES="2")
     assert [scp0[6], scp1[6], ssh0[5], ssh1[5]] == [
         "ga-pod-0:gated_attention.tar.gz", "ga-pod-1:gated_attention.tar.gz", "ga-pod-0",
         "ga-pod-1"]
@@ -496,41 +472,67 @@ def test_setup_mounts_the_bucket_with_gcsfuse_from_its_package_source(tmp_path):
 
 # ---------------------------------------------------------------- GKE through xpk
 
-def test_gke_launch_submits_an_xpk_workload_after_the_preflight(tmp_path, stand_ins):
-    """xpk 1.16's flags (checked against `xpk workload create --help`): the workload built from
-    the committed HEAD, N slices, JobSet restarts, and a command that installs the project
-    and runs main through the log wrapper; the same pre-flight as launch.sh first."""
+def test_gke_launch_builds_the_image_once_and_submits_an_xpk_workload(tmp_path, stand_ins):
+    """xpk 1.16's flags (tests/test_gke_launch.py runs the real xpk's dry run on them): the
+    image built from a clean tree of HEAD with jax pinned, N slices, JobSet restarts, the
+    pod's grace, and a command that execs the log wrapper and main (nothing installed at
+    start); the same pre-flight as launch.sh first."""
     lines = dry_run(tmp_path, "gke_launch.sh", "--name", "r1_big", "--", "--config.mesh."
                     "dcn_data=2", TPU_TYPE="v5p-128", SLICES="2", MAX_RESTARTS="7",
-                    EXTRA_XPK_ARGS="(--priority=high)")
-    *prepare, xpk = lines
-    source_dir = "/".join([os.environ.get("TMPDIR", "/tmp").rstrip("/"),
-                           "gated_attention-xpk-ga-pod-r1-big"])
-    assert prepare[2][3:] == ["archive", "--format=tar", f"--output={source_dir}.tar", "HEAD"]
-    assert prepare[3] == ["tar", "-xf", f"{source_dir}.tar", "-C", source_dir]
-    assert xpk[:14] == [
+                    EXTRA_XPK_ARGS="(--priority=high)", IMAGE_REPO="us-docker.pkg.dev/p/r/ga")
+    *build, docker_build, push, xpk = lines
+    head = built_commit(build)
+    context = f"{stand_ins}/build/image-{head}"
+    image = f"us-docker.pkg.dev/p/r/ga:{head}"
+    assert build[2][3:] == ["archive", "--format=tar", f"--output={context}.tar", head]
+    assert build[3] == ["tar", "-xf", f"{context}.tar", "-C", context]
+    assert docker_build == ["docker", "build", "--build-arg=BASE_IMAGE=python:3.11-slim",
+                            f"--build-arg=JAX_VERSION={jax.__version__}",
+                            "--build-arg=EXTRAS=gcs", f"--tag={image}", context]
+    assert push == ["docker", "push", image]
+    assert xpk[:15] == [
         "xpk", "workload", "create", "--cluster=my-gke", "--project=my-proj",
         "--zone=us-central2-b", "--workload=ga-pod-r1-big", "--tpu-type=v5p-128",
-        "--num-slices=2", "--max-restarts=7", "--base-docker-image=python:3.11",
-        f"--script-dir={source_dir}", "--spot", "--priority=high"]
-    command = xpk[14].removeprefix("--command=")
-    words = shlex.split(command)
-    assert words[:9] == ["export", "MEGASCALE_NUM_SLICES=2", "&&", "pip", "install", "-q", "-e",
-                         ".[gcs]", f"jax[tpu]=={jax.__version__}"]
-    start = words.index("gated_attention.pods.worker_log")
-    assert words[start + 1:start + 13] == [
-        "--dest", "gs://bkt/ga/runs/r1_big/logs", "--name",
+        "--num-slices=2", "--max-restarts=7", "--termination-grace-period-seconds=30",
+        f"--docker-image={image}", "--spot", "--priority=high",
+        xpk[14]]
+    words = shlex.split(xpk[14].removeprefix("--command="))
+    assert words == [
+        "export", "MEGASCALE_NUM_SLICES=2", "&&", "exec", "python", "-m",
+        "gated_attention.pods.worker_log", "--dest", "gs://bkt/ga/runs/r1_big/logs", "--name",
         "slice-${MEGASCALE_SLICE_ID:-0}-worker-${TPU_WORKER_ID:-0}.log", "--", "python", "-m",
         "gated_attention.main", "--config=configs/ablation.py:arch=tiny,variant=baseline",
         "--workdir=gs://bkt/ga/runs/r1_big", "--progress=false", "--config.mesh.dcn_data=2"]
-    # the container's shell names each worker's log from GKE's variables
-    echo = subprocess.run(["bash", "-c", command.replace("pip install", "echo", 1).replace(
-        "python -m", "echo", 1)], capture_output=True, text=True, timeout=30,
-        env={**os.environ, "MEGASCALE_SLICE_ID": "1", "TPU_WORKER_ID": "3"})
-    assert "--name slice-1-worker-3.log" in echo.stdout, echo.stderr
     assert preflight_calls(stand_ins) == [[
         "-m", "gated_attention.preflight", "--config=configs/ablation.py:arch=tiny,variant="
         "baseline", "--accelerator=v5p-128", "--config.mesh.dcn_data=2", "--slices=2"]]
+    # --image names a built image: nothing is built
+    *_, named = dry_run(tmp_path, "gke_launch.sh", "--name", "r2", "--image", "my/img:1",
+                        "--no-preflight")
+    assert [line[0] for line in _] == [] and "--docker-image=my/img:1" in named
+
+
+def test_gke_launch_grid_submits_one_workload_per_run_in_the_grids_folders(tmp_path,
+                                                                          stand_ins):
+    """A grid on GKE: one workload per run (Kueue queues them), workdirs as run_grid names
+    them under $BUCKET/grids/NAME; one pre-flight per config, seeds aside."""
+    lines = dry_run(tmp_path, "gke_launch.sh", "--grid", "experiments/grids/table3.py",
+                    "--name", "t3", "--seeds", "0,1", "--image", "my/img:1", "--",
+                    "--config.train.steps=10")
+    listing = subprocess.run(
+        [sys.executable, "-m", "experiments.grid_workloads", "experiments/grids/table3.py",
+         "--root", "gs://bkt/ga/grids/t3", "--seeds", "0,1"], capture_output=True, text=True,
+        cwd=SCRIPTS.parent, timeout=60, env={**os.environ, "PYTHONPATH": str(SCRIPTS.parent)})
+    runs = [shlex.split(line) for line in listing.stdout.splitlines()]
+    assert len(lines) == len(runs) > 2 and len({r[0] for r in runs}) == len(runs)
+    for index, (xpk, (name, spec, *flags)) in enumerate(zip(lines, runs, strict=True)):
+        assert xpk[6] == f"--workload=ga-pod-t3-{index}"
+        words = shlex.split(remote_command_text(xpk))
+        main = words[words.index("gated_attention.main") + 1:]
+        assert main == [f"--config={spec}", f"--workdir=gs://bkt/ga/grids/t3/{name}",
+                        "--progress=false", *flags, "--config.train.steps=10"]
+    seeds = {r[0].rsplit("-", 1)[1] for r in runs}
+    assert seeds == {"s0", "s1"} and len(preflight_calls(stand_ins)) == len(runs) // 2
 
 
 def test_gke_launch_refuses_bad_settings_and_skips_the_preflight_when_asked(tmp_path, stand_ins):

@@ -219,6 +219,7 @@ parse_flags() {
   while ((i < ${#ARGS[@]})); do
     arg="${ARGS[i]}"
     if [[ "$arg" == -- ]]; then
+      # shellcheck disable=SC2034  # read by the scripts that source this file
       PASSTHROUGH=("${ARGS[@]:i+1}")
       break
     fi
@@ -244,19 +245,71 @@ parse_flags() {
   done
 }
 
-# PASSTHROUGH quoted for the remote shell, with a leading space (empty when none).
-quoted_passthrough() {
-  ((${#PASSTHROUGH[@]})) || return 0
-  printf ' %q' "${PASSTHROUGH[@]}"
-}
-
 # with_worker_log DEST NAME COMMAND: COMMAND run under gated_attention.pods.worker_log, which
-# keeps its output and copies it to DEST/NAME every minute and when it ends (an `### exit`
-# line: the supervisor deletes a preempted slice once every worker's copy has one); it exits
-# with COMMAND's code. NAME goes to the remote shell as given (it may name a variable there).
+# keeps its output and copies it to this attempt's own object under DEST (NAME with the
+# attempt's start time: never over an earlier attempt's log) at least every 30 s and when it
+# ends. It passes SIGTERM on to COMMAND and waits for it (a trainer saves first), then records
+# the exit with an `### exit N` line and exits with COMMAND's code. NAME goes to the remote
+# shell as given (it may name a variable there).
 with_worker_log() {
   printf '.venv/bin/python -m gated_attention.pods.worker_log --dest %q --name %s -- %s' \
     "$1" "$2" "$3"
+}
+
+# The code a pod runs: a wheel of the project and the configs/ it reads, built from a clean
+# tree of one commit (never the working tree's uncommitted edits), once: in
+# build/pods/<commit>/ (git-ignored; GATED_ATTENTION_BUILD_ROOT moves it), found there by
+# every later call.
+BUILD_ROOT="${GATED_ATTENTION_BUILD_ROOT:-$REPO_ROOT/build/pods}"
+
+head_commit() {
+  git -C "$REPO_ROOT" rev-parse --short=12 HEAD 2>/dev/null ||
+    die "$REPO_ROOT is not a git checkout with a commit: the pod runs a committed tree"
+}
+
+# build_bundle COMMIT: build/pods/COMMIT/{dist/*.whl,configs/,COMMIT} (printed, or in a dry
+# run the commands that would build it); nothing is built when it is there already.
+build_bundle() {
+  local commit="$1" dir="$BUILD_ROOT/$1"
+  [[ -f "$dir/COMMIT" ]] && return 0
+  [[ -n "$(git -C "$REPO_ROOT" status --porcelain --untracked-files=no 2>/dev/null)" ]] &&
+    echo "# Uncommitted changes are not in the build: it is commit $commit as committed." >&2
+  run rm -rf "$dir.partial"
+  run mkdir -p "$dir.partial/src"
+  run git -C "$REPO_ROOT" archive --format=tar --output="$dir.partial/src.tar" "$commit"
+  run tar -xf "$dir.partial/src.tar" -C "$dir.partial/src"
+  run "$LOCAL_PYTHON" -m pip wheel -q --no-deps --no-build-isolation \
+    --wheel-dir="$dir.partial/dist" "$dir.partial/src"
+  run cp -r "$dir.partial/src/configs" "$dir.partial/configs"
+  run rm -rf "$dir.partial/src" "$dir.partial/src.tar"
+  if ((DRY_RUN)); then
+    echo "echo $commit > $dir.partial/COMMIT && mv $dir.partial $dir"
+  else
+    echo "$commit" >"$dir.partial/COMMIT"
+    mv "$dir.partial" "$dir"
+  fi
+}
+
+# jax[tpu] pinned to the jax of this checkout's venv (JAX_VERSION in pod.env overrides), so
+# the pod runs what the pre-flight compiled.
+resolve_jax_version() {
+  if [[ -z "${JAX_VERSION:-}" ]]; then
+    JAX_VERSION="$("$LOCAL_PYTHON" -c \
+      'from importlib.metadata import version; print(version("jax"))' 2>/dev/null)" ||
+      die "cannot read the jax version of $LOCAL_PYTHON: set JAX_VERSION in $CONFIG_FILE"
+  fi
+  [[ "$JAX_VERSION" =~ ^[0-9]+(\.[0-9]+)+$ ]] || die "JAX_VERSION=$JAX_VERSION must look like 0.10.2"
+}
+
+# train_command CONFIG WORKDIR PYTHON [FLAG...]: the training command, one shell-quoted line,
+# as gated_attention/train_command.py builds it for every launcher.
+train_command() {
+  local config="$1" workdir="$2" python="$3"
+  shift 3
+  (cd "$REPO_ROOT" && PYTHONPATH="$REPO_ROOT" "$LOCAL_PYTHON" -c \
+    'import sys; from gated_attention.train_command import main; sys.exit(main(sys.argv[1:]))' \
+    --python="$python" --config="$config" --workdir="$workdir" --progress=false -- "$@") ||
+    die "cannot build the training command with $LOCAL_PYTHON"
 }
 
 # A run or grid name goes into paths: keep it to letters, digits, dot, dash and underscore.

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Start one training run on every worker of the pod (of every slice, with SLICES=N), its
-# workdir on $BUCKET/runs/NAME.
+# workdir on $BUCKET/runs/NAME: a thin door for one run on TPU VMs you created (create.sh,
+# setup.sh); for restarts after a preemption without you, use GKE (gke_launch.sh) or a Ray
+# cluster (docs/pods.md).
 #   tpu_scripts/launch.sh --name NAME [--arch ARCH] [--variant VARIANT] [--no-preflight]
 #       [--config PATH] [--dry-run] [-- --config.train.steps=1000 ...]
 # Flags after `--` go to `python -m gated_attention.main`. First, here and before touching the
@@ -8,10 +10,13 @@
 # (python -m gated_attention.preflight, with the --config.* flags after `--`, and --slices N
 # with SLICES=N); a config that is wrong, does not compile or does not fit stops the launch
 # with the error. --no-preflight skips it, for a type the pre-flight cannot compile for.
+# A worker where a training of NAME is still alive refuses to start a second one (its log
+# wrapper holds ~/logs/NAME.lock while it lives); the launch then stops with that error.
 # The run keeps going after you log out; its log prints a line every train.log_every steps;
 # follow it with tpu_scripts/logs.sh --name NAME. Each worker's log is also copied to
-# $BUCKET/runs/NAME/logs/ every minute and when the run ends. Launching the same NAME again
-# resumes.
+# $BUCKET/runs/NAME/logs/ (one object per attempt) every 30 s and when the run ends; a
+# preempted VM's SIGTERM reaches the trainer, which saves before the exit is recorded.
+# Launching the same NAME again, once the last training ended, resumes.
 # shellcheck source=common.sh
 source "$(cd "${BASH_SOURCE[0]%/*}" && pwd)/common.sh"
 parse_common_flags "$@"
@@ -32,13 +37,9 @@ else
 fi
 
 workdir="${BUCKET%/}/runs/$FLAG_name"
-# The training command, as gated_attention/train_command.py builds it for every launcher.
-main="$(cd "$REPO_ROOT" && PYTHONPATH="$REPO_ROOT" "$LOCAL_PYTHON" -c \
-  'import sys; from gated_attention.train_command import main; sys.exit(main(sys.argv[1:]))' \
-  --python=.venv/bin/python --config="$config" --workdir="$workdir" --progress=false \
-  -- "${PASSTHROUGH[@]+"${PASSTHROUGH[@]}"}")" ||
-  die "cannot build the training command with $LOCAL_PYTHON"
-log="$REMOTE_LOGS/$FLAG_name.log"
+main="$(train_command "$config" "$workdir" .venv/bin/python \
+  "${PASSTHROUGH[@]+"${PASSTHROUGH[@]}"}")"
+log="$REMOTE_LOGS/$FLAG_name.log" lock="$REMOTE_LOGS/$FLAG_name.lock"
 
 # Multislice: every worker of slice s gets the MEGASCALE variables libtpu and
 # jax.distributed read: the coordinator (worker 0 of slice 0; jax's own coordinator runs on
@@ -69,9 +70,13 @@ while read -r node; do
   # main's output in $log and in $workdir/logs ({worker} becomes the worker's number)
   wrapped=$(with_worker_log "$workdir/logs" "$logname" "$main")
   # Every worker runs the same command; GATED_ATTENTION_MULTIHOST=1 makes main.py join them
-  # with jax.distributed.initialize(). setsid + nohup: the run survives the ssh connection.
-  remote="mkdir -p $REMOTE_LOGS && cd $REMOTE_DIR && $env setsid nohup"
-  remote+=" $wrapped > $log 2>&1 < /dev/null &"
+  # with jax.distributed.initialize(). The lock on fd 9 goes with the log wrapper (setsid +
+  # nohup: it survives the ssh connection) and is dropped by the kernel when it ends.
+  remote="mkdir -p $REMOTE_LOGS && cd $REMOTE_DIR && exec 9>>$lock && if ! flock -n 9; then"
+  remote+=" echo \"error: \$(hostname): a training of $FLAG_name is alive on this worker"
+  remote+=" ($lock is held); follow it with tpu_scripts/logs.sh --name $FLAG_name, or wait"
+  remote+=" for it to end\" >&2; exit 3; fi;"
+  remote+=" $env setsid nohup $wrapped >> $log 2>&1 < /dev/null &"
   tpu_ssh all "$remote" "$node"
   slice=$((slice + 1))
 done < <(node_names)

@@ -1,0 +1,67 @@
+"""A grid's runs, one line each, for launchers that start one job per run: on GKE,
+tpu_scripts/gke_launch.sh --grid submits one xpk workload per line and Kueue queues them
+(no controller of ours decides what runs when).
+
+    python -m experiments.grid_workloads experiments/grids/table1.py --root gs://b/grids/t1 \
+        [--scale tiny] [--seeds 0,1]
+
+prints, per run, its name (its folder under --root) and its training flags, shell-quoted:
+`NAME CONFIG_SPEC --config.key=value ...`. The runs, names and overrides are the grid's own
+(experiments.grid_lib), as experiments.run_grid trains them, so a grid trained on GKE sits in
+the same folders and summarises alike.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Sequence
+
+from absl import flags
+
+from experiments import grid_lib
+from gated_attention import cli_flags, train_command
+
+CONFIG_ARG = "configs/ablation.py"
+CLI = cli_flags.Command("experiments.grid_workloads", __doc__, positional=("grid",))
+
+
+def run_lines(grid: str, root: str, scale: str, seeds: Sequence[int]) -> list[str]:
+    """`NAME CONFIG_SPEC FLAG...` for every run of the grid file `grid`."""
+    lines = []
+    for run in grid_lib.grid_runs(grid, scale, seeds):
+        overrides = grid_lib.run_overrides(run, scale)
+        flags_ = [flag.replace("{root}", root.rstrip("/"))
+                  for flag in train_command.override_flags(overrides)]
+        spec = f"{CONFIG_ARG}:arch={run.arch},variant={run.variant}"
+        lines.append(shlex.join([run.name, spec, *flags_]))
+    return lines
+
+
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    flags.DEFINE_string("root", None, "The grid's folder (gs://...); `{root}` in a run's "
+                        "overrides names it.", flag_values=flag_values)
+    flags.DEFINE_string("scale", "tiny", f"One of {', '.join(grid_lib.SCALES)}.",
+                        flag_values=flag_values)
+    flags.DEFINE_string("seeds", "0", "Comma-separated seeds, e.g. 0,1,2.",
+                        flag_values=flag_values)
+    flags.mark_flag_as_required("root", flag_values=flag_values)
+    return flag_values
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = CLI.parse(define_flags(flags.FlagValues()), argv)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        CLI.error(f"--seeds={args.seeds!r} must be comma-separated integers")
+    try:
+        lines = run_lines(args.grid, args.root, args.scale, seeds)
+    except grid_lib.GridError as err:
+        CLI.error(str(err))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
