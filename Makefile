@@ -7,6 +7,14 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 # pip's site config prints one harmless "Location ... is ignored" warning per package.
 QUIET_PIP := { grep -vE '^WARNING: Location|^ *$$' || true; }
+# install-test's long steps show their progress: one line per package pip collects or
+# downloads (with its size), and its errors; not pip's wall of requirement lines.
+PIP_STEPS := $(PY) -m pip install --disable-pip-version-check --progress-bar off
+PROGRESS := { grep --line-buffered -E '^ *(Collecting|Downloading|Installing collected|Successfully installed|ERROR|error)' || true; }
+# `$(call STEP,n/N: what)` says what a step installs before it runs (no commas in it: they
+# would split make's arguments); `$(DONE)`, after it, how long it took.
+STEP = @echo "install-test $(1)"; date +%s > $(VENV)/.step-start
+DONE = @echo "  done in $$(( $$(date +%s) - $$(cat $(VENV)/.step-start) )) s"
 HASH := $(shell cat setup.cfg pyproject.toml | cksum | cut -d' ' -f1)
 CORE_STAMP := $(VENV)/.core-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
@@ -26,20 +34,31 @@ $(CORE_STAMP): setup.cfg pyproject.toml | $(VENV)/bin/python
 # Tests also need pytest, ruff, nbclient, shellcheck and the optional seqio/tensorflow stack.
 # libtpu (jax[tpu] pinned to the installed jax) lets the suite compile for real TPU targets
 # on this CPU-only machine (deviceless topologies); it needs no TPU to install.
+# Each step says what it installs and how much lands on disk, shows pip's progress and ends
+# with its time: the whole runs for minutes (over 15 on a loaded 2-core host, downloads
+# included), most of it in step 1.
 $(TEST_STAMP): $(CORE_STAMP)
-	$(PIP) -e '.[test,seqio]' 2>&1 | $(QUIET_PIP)
-	$(PIP) "jax[tpu]==$$($(PY) -c 'import jax; print(jax.__version__)')" 2>&1 | $(QUIET_PIP)
+	$(call STEP,1/4: pytest / ruff / notebooks / Ray / lm-eval / a GCS stand-in and the seqio extra (tensorflow and its datasets) - about 4 GB installed)
+	$(PIP_STEPS) -e '.[test,seqio]' 2>&1 | $(PROGRESS)
+	$(DONE)
+	$(call STEP,2/4: libtpu pinned to jax (jax[tpu]) - the TPU compiler; no TPU needed - about 700 MB installed)
+	$(PIP_STEPS) "jax[tpu]==$$($(PY) -c 'import jax; print(jax.__version__)')" 2>&1 | $(PROGRESS)
+	$(DONE)
 	# The CUDA compile pair pinned to jax, and ptxas: the suite compiles for NVIDIA GPU targets
-	# deviceless too (about 223 MB to download; no CUDA libraries, no GPU). It goes into its own
-	# folder, loaded only by GPU-target compiles (gated_attention/cuda_compile.py): in the
-	# environment's own packages it would print "Could not find cuda drivers" on every CPU run.
-	V=$$($(PY) -c 'import jax; print(jax.__version__)'); $(PIP) --no-deps --upgrade \
+	# deviceless too (no CUDA libraries, no GPU). It goes into its own folder, loaded only by
+	# GPU-target compiles (gated_attention/cuda_compile.py): in the environment's own packages
+	# it would print "Could not find cuda drivers" on every CPU run.
+	$(call STEP,3/4: the CUDA compile pair and ptxas into $(VENV)/cuda_compile - XLA:GPU with no GPU - about 223 MB to download / 570 MB installed)
+	V=$$($(PY) -c 'import jax; print(jax.__version__)'); $(PIP_STEPS) --no-deps --upgrade \
 		--target $(VENV)/cuda_compile "jax-cuda12-plugin==$$V" "jax-cuda12-pjrt==$$V" \
-		nvidia-cuda-nvcc-cu12 2>&1 | $(QUIET_PIP)
+		nvidia-cuda-nvcc-cu12 2>&1 | $(PROGRESS)
+	$(DONE)
+	$(call STEP,4/4: checking that each imports)
 	$(PY) -c "import pytest, xdist, nbclient, seqio, tensorflow_datasets, libtpu"
 	$(PY) -c "from gated_attention import cuda_compile; assert cuda_compile.enable(); \
 		import jax_plugins.xla_cuda12, jax_cuda12_plugin"
-	rm -f $(VENV)/.test-* && touch $@
+	$(DONE)
+	rm -f $(VENV)/.test-* $(VENV)/.step-start && touch $@
 
 install: $(CORE_STAMP)
 install-test: $(TEST_STAMP)
