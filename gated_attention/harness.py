@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runner.set_offline(args.allow_downloads)  # before lm-eval and datasets are imported
     from gated_attention.evaluation import backend, engine, loading
 
+    loading.check_source(args.workdir, args.hf_dir, args.dtype)
     runner.load_tasks(request)  # unknown tasks and offline datasets fail before the model
     loaded = loading.load(args.workdir, args.hf_dir, args.dtype)
     if args.apply_chat_template and not loaded.chat_template:

@@ -45,13 +45,34 @@ def _chat_template(folder: pathlib.Path) -> str | None:
     return template if isinstance(template, str) else None
 
 
-def load(workdir: str = "", hf_dir: str = "", dtype: str = "float32") -> Loaded:
-    """The model (compute dtype `dtype`) and its tokenizer with lm-eval's conventions."""
+def check_source(workdir: str = "", hf_dir: str = "", dtype: str = "float32") -> None:
+    """The cheap checks of the model flags (no weights read): run before the tasks load."""
     if dtype not in DTYPES:
         raise UserError(f"--dtype={dtype!r} is not allowed; choose one of {', '.join(DTYPES)}")
     if bool(workdir) == bool(hf_dir):
         raise UserError("give exactly one of --workdir (a training run) and --hf_dir (a Hugging "
                         "Face folder)")
+    if workdir:
+        root = pathlib.Path(workdir)
+        if not (root / "config.json").exists():
+            raise UserError(f"--workdir={root} is not a training run (no config.json)")
+        if not _checkpoint_steps(root):
+            raise UserError(f"--workdir={root} holds no checkpoint (train it first, or pass a "
+                            "Hugging Face folder with --hf_dir)")
+        return
+    from gated_attention import hf
+
+    if not pathlib.Path(hf_dir).is_dir():
+        raise UserError(f"--hf_dir={hf_dir} is not a folder")
+    try:
+        hf.read_hf_config(hf_dir)
+    except UserError as err:
+        raise UserError(f"--hf_dir={hf_dir}: {err}") from None
+
+
+def load(workdir: str = "", hf_dir: str = "", dtype: str = "float32") -> Loaded:
+    """The model (compute dtype `dtype`) and its tokenizer with lm-eval's conventions."""
+    check_source(workdir, hf_dir, dtype)
     return _from_hf(pathlib.Path(hf_dir), dtype) if hf_dir else _from_run(
         pathlib.Path(workdir), dtype)
 
@@ -60,11 +81,6 @@ def _from_run(workdir: pathlib.Path, dtype: str) -> Loaded:
     from gated_attention import config_lib, train
     from gated_attention.data.tokenizer import get_tokenizer
 
-    if not (workdir / "config.json").exists():
-        raise UserError(f"--workdir={workdir} is not a training run (no config.json)")
-    if not _checkpoint_steps(workdir):
-        raise UserError(f"--workdir={workdir} holds no checkpoint (train it first, or pass a "
-                        "Hugging Face folder with --hf_dir)")
     config = config_lib.saved_config(json.loads((workdir / "config.json").read_text()))
     config.model.dtype = dtype
     try:
@@ -84,8 +100,6 @@ def _from_hf(folder: pathlib.Path, dtype: str) -> Loaded:
     from gated_attention.data.tokenizer import get_tokenizer
     from gated_attention.hf import run_files
 
-    if not folder.is_dir():
-        raise UserError(f"--hf_dir={folder} is not a folder")
     try:
         hf_config = hf.read_hf_config(folder)
         model, config = hf.load_pretrained(folder, dtype=dtype)

@@ -46,7 +46,10 @@ class TaskRequest:
 def load_tasks(request: TaskRequest) -> tuple[Any, dict[str, Any]]:
     """(TaskManager, lm-eval's task dict): names resolved and datasets loaded, or UserError."""
     set_offline(request.allow_downloads)
-    from lm_eval.tasks import TaskManager, get_task_dict
+    import datasets
+    from lm_eval.tasks import TaskManager
+
+    datasets.disable_progress_bars()  # a bad task's error stays the only line on stderr
 
     if request.include_path and not os.path.isdir(request.include_path):
         raise UserError(f"--include_path={request.include_path} is not a folder")
@@ -60,7 +63,7 @@ def load_tasks(request: TaskRequest) -> tuple[Any, dict[str, Any]]:
         raise UserError(f"--tasks={unknown[0]} is not a task lm-eval knows (see `lm_eval ls "
                         "tasks`; local YAML tasks need --include_path)")
     try:
-        task_dict = get_task_dict(names, manager)
+        task_dict = manager.load(names)
     except Exception as err:  # noqa: BLE001 - datasets raises many kinds; one line for all
         offline = not request.allow_downloads
         hint = (" (its dataset is not on this machine and downloads are off: pass "
