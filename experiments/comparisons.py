@@ -90,14 +90,41 @@ def check_reference(groups: Sequence[Mapping[str, Any]], reference: str | None) 
                         + ", ".join(g["group"] for g in groups))
 
 
+def _finite(value: Any) -> bool:
+    return value is not None and math.isfinite(float(value))
+
+
+def _pair(mine: Mapping[str, Any] | None, theirs: Mapping[str, Any] | None,
+          key: str) -> str | None:
+    """How one seed's two runs enter a comparison of `key`: "pair" (both done, both
+    measured and finite, the sink metrics from the same source), "failed" (either run failed,
+    or finished with a non-finite value: a diverged run counts against the row), or None
+    (not run yet, or not measured the same way: not part of the row)."""
+    if mine is None or theirs is None:
+        return None
+    if "failed" in (mine["state"], theirs["state"]):
+        return "failed"
+    if mine["state"] != "done" or theirs["state"] != "done":
+        return None
+    values = (mine.get(key), theirs.get(key))
+    if None in values:
+        return None
+    if not all(_finite(v) for v in values):
+        return "failed"
+    if key in SINK_KEYS and mine.get("sink_source") != theirs.get("sink_source"):
+        return None
+    return "pair"
+
+
 def paired_rows(rows: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]],
                 reference: str | None = None) -> list[dict[str, Any]]:
     """One entry per (group, metric): the paired difference to its reference over the seeds
     both ran (for the sink metrics, the seeds where both have them from the same source),
-    with Holm's correction over the groups of each metric."""
-    done = [r for r in rows if r["state"] == "done"]
+    with Holm's correction over the groups of each metric. A seed where either run failed or
+    ended non-finite is in `failed_seeds` and counts in the entry's `failed`: the row says
+    "k of n failed", and its statistics come from the others."""
     by_group: dict[str, dict[Any, Mapping[str, Any]]] = {}
-    for r in done:
+    for r in rows:
         by_group.setdefault(r["group"], {})[r["seed"]] = r
     out = []
     for key, title, digits in PAIRED_METRICS:
@@ -107,32 +134,57 @@ def paired_rows(rows: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str,
             if ref is None:
                 continue
             mine, theirs = by_group.get(g["group"], {}), by_group.get(ref["group"], {})
-            seeds = sorted(s for s in mine if s in theirs and mine[s].get(key) is not None
-                           and theirs[s].get(key) is not None
-                           and (key not in SINK_KEYS or mine[s].get("sink_source")
-                                == theirs[s].get("sink_source")))
-            if not seeds:
+            kinds = {s: _pair(mine.get(s), theirs.get(s), key)
+                     for s in sorted(set(mine) | set(theirs))}
+            seeds = [s for s, kind in kinds.items() if kind == "pair"]
+            failed = [s for s, kind in kinds.items() if kind == "failed"]
+            if not seeds and not failed:
                 continue
             diffs = [float(mine[s][key]) - float(theirs[s][key]) for s in seeds]
-            result = paired_stats.paired(diffs)
+            result = paired_stats.paired(diffs + [None] * len(failed))
             entries.append({
                 "metric": key, "title": title, "digits": digits, "group": g["group"],
                 "label": g["label"], "variant": g.get("variant"),
                 "lr_multiplier": g.get("lr_multiplier"), "reference": ref["group"],
                 "reference_label": ref["label"], "reference_variant": ref.get("variant"),
                 "reference_lr_multiplier": ref.get("lr_multiplier"),
-                "seeds": seeds, "n": result.n,
-                "reference_mean": statistics.fmean(float(theirs[s][key]) for s in seeds),
-                "row_mean": statistics.fmean(float(mine[s][key]) for s in seeds),
+                "seeds": seeds, "failed_seeds": failed, "n": result.n,
+                "failed": result.failed,
+                "reference_mean": (statistics.fmean(float(theirs[s][key]) for s in seeds)
+                                   if seeds else None),
+                "row_mean": (statistics.fmean(float(mine[s][key]) for s in seeds)
+                             if seeds else None),
                 "diff": result.mean, "se": result.se, "low": result.low, "high": result.high,
-                "p_t": result.p_t, "p_sign_flip": result.p_sign_flip,
-                "seeds_needed": result.seeds_needed,
+                "degenerate": result.degenerate, "p_t": result.p_t,
+                "p_sign_flip": result.p_sign_flip, "p": result.p,
+                "seeds_needed": result.seeds_needed, "seeds_range": result.seeds_range,
             })
-        for entry, adjusted in zip(entries, paired_stats.holm([e["p_t"] for e in entries])):
+        for entry, adjusted in zip(entries, paired_stats.holm([e["p"] for e in entries])):
             entry["p_holm"] = adjusted
             entry["significant"] = adjusted is not None and adjusted < paired_stats.ALPHA
         out += entries
     return out
+
+
+def seeds_text(entry: Mapping[str, Any]) -> str:
+    """The seeds a comparison holds, and those it lost: "0, 1, 2" or "0, 2 (1 of 3 failed:
+    1)"."""
+    held = ", ".join(map(str, entry["seeds"])) or "none"
+    failed = entry.get("failed_seeds") or []
+    if not failed:
+        return held
+    total = len(entry["seeds"]) + len(failed)
+    return (f"{held} ({len(failed)} of {total} failed or non-finite: "
+            f"{', '.join(map(str, failed))})")
+
+
+def interval_text(entry: Mapping[str, Any], digits: int) -> str:
+    """The 95% interval, or why there is none."""
+    if entry.get("degenerate"):
+        return f"degenerate: all {entry['n']} differences equal"
+    if entry["low"] is None:
+        return "- (one seed)" if entry["n"] == 1 else "-"
+    return f"[{_fmt(entry['low'], digits)}, {_fmt(entry['high'], digits)}]"
 
 
 def paired_markdown(entries: Sequence[Mapping[str, Any]],
@@ -142,33 +194,35 @@ def paired_markdown(entries: Sequence[Mapping[str, Any]],
     lines = [
         "## Paired differences to the reference row", "",
         "Each row minus its reference, seed by seed (the same seed gives both runs the same "
-        "data and the same initial shared weights). diff: mean over the paired seeds; 95% CI: "
-        "Student t with n - 1 degrees of freedom; p (t): paired t-test, two-sided; p (flip): "
-        "exact sign-flip permutation test, two-sided (its floor is 2 / 2^n: 0.25 at 3 seeds); "
-        "Holm: the t-test's p-value after Holm's correction over the rows of that metric's "
+        "data and the same initial shared weights). seeds: the seeds paired, and any where "
+        "either run failed or ended non-finite (counted, not dropped; the statistics come "
+        "from the others). diff: mean over the paired seeds; 95% CI: Student t with n - 1 "
+        "degrees of freedom (degenerate when every seed gave the same difference: no spread, "
+        "no t); p (t): paired t-test, two-sided; p (flip): exact sign-flip permutation test, "
+        "two-sided (its floor is 2 / 2^n: 0.25 at 3 seeds, the row's test where the t-test is "
+        "degenerate); Holm: the row's p after Holm's correction over the rows of that metric's "
         "table; **\\*** marks a difference significant at 5% after it. seeds for 80%: pairs a "
         "paired t-test would need to detect the observed mean difference at the observed "
-        "spread with 80% power (given where the difference is not significant).", ""]
+        "spread with 80% power, and in brackets its range over the 95% chi-square interval of "
+        "that spread (given where the difference is not significant).", ""]
     for key, title, _ in PAIRED_METRICS:
         mine = [e for e in entries if e["metric"] == key]
         if not mine:
             continue
         lines += [f"### {title}", "",
-                  "| row | reference | n | reference mean | row mean | diff ± se | 95% CI "
+                  "| row | reference | seeds | reference mean | row mean | diff ± se | 95% CI "
                   "| p (t) | p (flip) | Holm | seeds for 80% |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for e in mine:
             d = e["digits"] + 1
-            ci = ("-" if e["low"] is None
-                  else f"[{_fmt(e['low'], d)}, {_fmt(e['high'], d)}]")
-            se = "" if e["se"] is None else f" ± {_fmt(e['se'], d)}"
-            need = e["seeds_needed"]
-            need_text = ("-" if e["significant"] or e["p_t"] is None
-                         else (str(need) if need is not None else "> 1000 or no spread"))
+            se = "" if not e["se"] else f" ± {_fmt(e['se'], d)}"
+            need_text = ("-" if e["significant"] or e["p"] is None or e["degenerate"]
+                         else paired_stats.range_text(e["seeds_needed"], e["seeds_range"]))
             lines.append(
-                f"| {e['label']} | {e['reference_label']} | {e['n']} "
+                f"| {e['label']} | {e['reference_label']} | {seeds_text(e)} "
                 f"| {_fmt(e['reference_mean'], e['digits'])} | {_fmt(e['row_mean'], e['digits'])} "
-                f"| {_fmt(e['diff'], d)}{se} | {ci} | {_p(e['p_t'])} | {_p(e['p_sign_flip'])} "
+                f"| {_fmt(e['diff'], d)}{se} | {interval_text(e, d)} | {_p(e['p_t'])} "
+                f"| {_p(e['p_sign_flip'])} "
                 f"| {_p(e.get('p_holm'))}{MARK if e['significant'] else ''} "
                 f"| {need_text} |")
         if key in ("f_attn", "sink_rate") and sink is not None and sink.get("checked"):
@@ -240,12 +294,18 @@ def ladder(entries: Sequence[Mapping[str, Any]], scale: str | None) -> list[str]
         lines.append(f"| {point['source']} | {point['scale']} | {point['metric']} "
                      f"| {100 * point['change']:+.2f}% |")
     for e in ours:
-        rel = e["diff"] / e["reference_mean"]
-        ci = ("" if e["low"] is None else
-              f" (95% CI {100 * e['low'] / e['reference_mean']:+.2f}% to "
-              f"{100 * e['high'] / e['reference_mean']:+.2f}%)")
-        lines.append(f"| this grid: {e['label']} vs {e['reference_label']}, {e['n']} seeds "
-                     f"| {scale or '-'} | held-out loss | {100 * rel:+.2f}%{ci} |")
+        seeds = f"{e['n']} seed{'s' if e['n'] != 1 else ''}"
+        if e["low"] is None:  # one seed, or no spread: an effect size with nothing to judge it
+            change = ("not placed beside the published changes: "
+                      + ("one seed has no interval" if e["n"] < 2 else
+                         "every seed gave the same difference, no interval")
+                      + " (the value is in paired.csv); run more seeds")
+        else:
+            rel = e["diff"] / e["reference_mean"]
+            change = (f"{100 * rel:+.2f}% (95% CI {100 * e['low'] / e['reference_mean']:+.2f}% "
+                      f"to {100 * e['high'] / e['reference_mean']:+.2f}%)")
+        lines.append(f"| this grid: {e['label']} vs {e['reference_label']}, {seeds} "
+                     f"| {scale or '-'} | held-out loss | {change} |")
     if not ours:
         lines.append(f"| this grid | - | held-out loss | no {LADDER_VARIANT} row paired with the "
                      "baseline at the recipe's learning rate |")
@@ -264,10 +324,13 @@ def lr_sweep(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             runs = [r for r in members if r["lr_multiplier"] == m]
             done = [r for r in runs if r["state"] == "done"]
             losses = [r.get("eval_loss", r.get("train_loss")) for r in done]
-            losses = [float(x) for x in losses if x is not None and math.isfinite(float(x))]
+            nonfinite = sum(x is not None and not _finite(x) for x in losses)
+            losses = [float(x) for x in losses if _finite(x)]
             points.append({
                 "multiplier": m, "peak_lr": runs[0].get("peak_lr"), "runs": len(runs),
-                "finished": len(done), "nonfinite_steps": sum(r.get("skipped") or 0 for r in runs),
+                "finished": len(done), "nonfinite_final": nonfinite,
+                "seeds": sorted(r["seed"] for r in done),
+                "nonfinite_steps": sum(r.get("skipped") or 0 for r in runs),
                 "failed": len(runs) - len(done),
                 "spikes": [r.get("spikes") for r in runs],
                 "loss": statistics.fmean(losses) if losses else None,
@@ -276,6 +339,7 @@ def lr_sweep(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         finite = [p for p in points if p["loss"] is not None]
         best = min(finite, key=lambda p: p["loss"]) if finite else None
         stable = [p for p in finite if p["failed"] == 0 and p["nonfinite_steps"] == 0
+                  and p["nonfinite_final"] == 0
                   and p["loss"] <= best["loss"] * (1 + STABLE_MARGIN)]
         largest = max(stable, key=lambda p: p["multiplier"]) if stable else None
         out.append({"variant": base_label, "points": points, "best": best,
@@ -301,13 +365,16 @@ def lr_sweep_markdown(sweeps: Sequence[Mapping[str, Any]]) -> list[str]:
                         f"{_fmt(best['peak_lr'], 3)})")
                      + " | " + ("none" if big is None else
                                 f"x{big['multiplier']:g} = {_fmt(big['peak_lr'], 3)}") + " |")
-    lines += ["", "| variant | lr x | peak lr | runs done | non-finite steps | spikes per run "
-              "| loss |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "| variant | lr x | peak lr | runs done (seeds) | non-finite steps "
+              "| spikes per run | loss |", "|---|---|---|---|---|---|---|"]
     for s in sweeps:
         for p in s["points"]:
             spikes = ", ".join("-" if x is None else str(int(x)) for x in p["spikes"])
             std = "" if p["loss_std"] is None else f" ± {_fmt(p['loss_std'], 3)}"
             lines.append(f"| {s['variant']} | {p['multiplier']:g} | {_fmt(p['peak_lr'], 3)} "
-                         f"| {p['finished']}/{p['runs']} | {p['nonfinite_steps']} | {spikes} "
+                         f"| {p['finished']}/{p['runs']} ({', '.join(map(str, p['seeds']))})"
+                         + (f", {p['nonfinite_final']} ended non-finite"
+                            if p["nonfinite_final"] else "")
+                         + f" | {p['nonfinite_steps']} | {spikes} "
                          f"| {_fmt(p['loss'], 4)}{std} |")
     return lines + [""]

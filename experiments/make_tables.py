@@ -1,14 +1,21 @@
 """Regenerate the CPU-scale tables in docs/ from their grids: `make tables`.
 
     python -m experiments.make_tables [--root runs/tables] [--only sinks_cpu] [--no_run]
+        [--xla_flags=...]
 
 Each table in TABLES is a block of a docs page between `<!-- table:NAME begin -->` and
 `<!-- table:NAME end -->`. For each, the grid is run (resumable: finished runs are kept; one
 run at a time), summarised, and the block rewritten with the table (kind "paired": the paired
 table against the baseline; kind "lr_sweep": the summary's learning-rate sweep tables) and a
-line naming the command, the commits the runs' record.json name and the seeds. --no_run only
-summarises roots already there. The block names the seeds and commits, so a rerun can be
-compared with it; this script does not itself check that a rerun reproduces the numbers.
+line naming the command, the commits the runs' record.json name, the hosts and XLA settings
+they ran under, and the seeds each row holds. --no_run only summarises roots already there,
+and its block says so (the seeds are those found, not those the command would run). A block
+whose runs come from several commits, hosts or XLA settings says so in bold.
+
+The grids train under `--xla_flags` (default experiments.cpu_pinning.PINNED: XLA's code for
+AVX2 at most, one compute thread), passed to every run as XLA_FLAGS and recorded in its
+record.json, so that x86 hosts with other vector units or core counts compute the same
+numbers (measured: docs/reproducibility.md); `--xla_flags=` trains as the host likes.
 
     sinks_cpu  docs/sinks.md     the seven Table 4 rows of experiments/grids/sinks_cpu.py, seeds 0-2
     lr_cpu     docs/analysis.md  experiments/grids/lr_cpu.py shortened (batch 4, 200 steps),
@@ -18,6 +25,7 @@ compared with it; this script does not itself check that a rerun reproduces the 
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import subprocess
@@ -27,7 +35,7 @@ from typing import Any
 
 from absl import flags
 
-from experiments import comparisons, paired_stats, summarize
+from experiments import comparisons, cpu_pinning, paired_stats, rank_stats, summarize
 from gated_attention import cli_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -64,50 +72,85 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def produced_line(result: Mapping[str, Any], command: str) -> str:
-    """The command, the commits the finished runs' record.json name, and their seeds."""
+def _distinct(done: Sequence[Mapping[str, Any]], key: str) -> list[Any]:
+    return sorted({r.get(key) for r in done if r.get(key) is not None}, key=str)
+
+
+def produced_line(result: Mapping[str, Any], command: str, ran: bool = True) -> str:
+    """The command, the commits, hosts and XLA settings of the finished runs' record.json,
+    and their seeds; in bold where the runs mix commits, hosts or settings."""
     done = [r for r in result["runs"] if r["state"] == "done"]
-    commits = sorted({r.get("commit") for r in done if r.get("commit")})
+    commits = _distinct(done, "commit")
     dirty = any(r.get("dirty") for r in done)
     seeds = sorted({r["seed"] for r in done})
-    return (f"Produced by `{command}`, then `python -m experiments.summarize`, at "
-            f"commit{'s' if len(commits) > 1 else ''} "
+    hosts = _distinct(done, "host_cpu")
+    settings = sorted({(r.get("xla_flags") or "(none)", r.get("cpu_threads")) for r in done
+                       if "xla_flags" in r and r.get("xla_flags") is not None}, key=str)
+    head = (f"Produced by `{command}`, then `python -m experiments.summarize`" if ran else
+            f"Summarised by `make tables --no_run` from the runs found under the grid's root "
+            f"(the command that makes them: `{command}`)")
+    text = (head + f", at commit{'s' if len(commits) > 1 else ''} "
             + (", ".join(f"`{c[:10]}`" for c in commits) or "unknown")
             + (" (with uncommitted changes)" if dirty else "")
-            + f", seeds {', '.join(map(str, seeds))}.")
+            + f", seeds {', '.join(map(str, seeds)) or 'none'}"
+            + (f", on {'; '.join(hosts)}" if hosts else ", host not recorded")
+            + (", XLA_FLAGS " + "; ".join(f"`{f}` ({t} cores)" for f, t in settings)
+               if settings else ", XLA settings not recorded") + ".")
+    mixed = [what for what, values in (("commits", commits), ("hosts", hosts),
+                                       ("XLA settings", settings)) if len(values) > 1]
+    if mixed:
+        text += (f" **The runs mix {' and '.join(mixed)}**: rows compare as runs of different "
+                 "seeds do, not bit for bit.")
+    return text
 
 
-def table_block(name: str, result: Mapping[str, Any], command: str) -> str:
+def paired_cell(entry: Mapping[str, Any] | None) -> str:
+    """A row's difference to the baseline: mean [95% CI], p, Holm's mark; degenerate (every
+    seed the same difference) with the exact sign-flip p; one seed with neither."""
+    if entry is None:
+        return "-"
+    if entry["diff"] is None:
+        return f"- ({entry['failed']} failed)"
+    if entry["degenerate"]:
+        text = (f"{entry['diff']:+.3f} (all {entry['n']} seeds equal: no interval), "
+                f"p (exact sign-flip) {_p(entry['p'])}")
+    elif entry["low"] is None:
+        text = f"{entry['diff']:+.3f} (one seed: no interval, no test)"
+    else:
+        text = (f"{entry['diff']:+.3f} [{_fmt(entry['low'])}, {_fmt(entry['high'])}], "
+                f"p {_p(entry['p'])}")
+    if entry["failed"]:
+        text += f", {entry['failed']} of {entry['n'] + entry['failed']} failed"
+    return text + (comparisons.MARK if entry["significant"] else "")
+
+
+def table_block(name: str, result: Mapping[str, Any], command: str, ran: bool = True) -> str:
     """Markdown of one table, by its kind: "lr_sweep" (lr_sweep_block) or "paired": per row
-    mean ± se over seeds and the paired difference to the baseline with its 95% t interval,
-    t-test p-value and Holm mark, for each metric; then, for each difference that is not
-    significant, the seeds that would resolve it."""
+    the seeds it holds, mean ± se over them and the paired difference to the baseline with
+    its 95% t interval, p-value and Holm mark, for each metric; then, for each difference that
+    is not significant, the seeds that would resolve it, with their range; then Spearman's rho
+    against the paper where the rows have paper values."""
     spec = TABLES[name]
     if spec["kind"] == "lr_sweep":
-        return lr_sweep_block(result, command)
+        return lr_sweep_block(result, command, ran)
     groups = [g for g in result["groups"] if g["seeds"]]
     paired = {(e["group"], e["metric"]): e for e in result["paired"]}
     titles = {m: t for m, t, _ in comparisons.PAIRED_METRICS}
     head = "| variant | seeds | " + " | ".join(
         f"{titles[m]} (mean ± se) | minus baseline [95% CI]" for m in spec["metrics"]) + " |"
-    lines = [produced_line(result, command), "", head,
+    lines = [produced_line(result, command, ran), "", head,
              "|---|---|" + "---|---|" * len(spec["metrics"])]
     for g in groups:
         cells = []
         for m in spec["metrics"]:
             se = g.get(f"{m}_se")
             cells.append(_fmt(g.get(m)) + ("" if se is None else f" ± {_fmt(se)}"))
-            e = paired.get((g["group"], m))
-            if e is None:
-                cells.append("-")
-            else:
-                ci = "" if e["low"] is None else f" [{_fmt(e['low'])}, {_fmt(e['high'])}]"
-                p = "" if e["p_t"] is None else f", p {_p(e['p_t'])}"
-                cells.append(f"{e['diff']:+.3f}{ci}{p}"
-                             f"{comparisons.MARK if e['significant'] else ''}")
-        lines.append(f"| {g['label']} | {g['seeds']} | " + " | ".join(cells) + " |")
+            cells.append(paired_cell(paired.get((g["group"], m))))
+        lines.append(f"| {g['label']} | {summarize.seeds_cell(g)} | " + " | ".join(cells) + " |")
     unresolved = [e for e in result["paired"] if e["metric"] in spec["metrics"]
-                  and not e["significant"] and e["p_t"] is not None]
+                  and not e["significant"] and e["p"] is not None and not e["degenerate"]]
+    degenerate = [e for e in result["paired"] if e["metric"] in spec["metrics"]
+                  and e["degenerate"]]
     check = result.get("sink_check") or {}
     if check.get("checked"):
         lines += ["", f"Baseline sink check: the baseline formed a sink (F-Attn >= "
@@ -117,59 +160,74 @@ def table_block(name: str, result: Mapping[str, Any], command: str) -> str:
                   + "."]
     lines += ["", f"{comparisons.MARK.strip()}: significant at 5% after Holm's correction over "
               "the rows of that column (p: paired t-test over seeds, two-sided, before the "
-              "correction; 95% CI: Student t with n - 1 degrees of freedom)."]
+              "correction; 95% CI: Student t with n - 1 degrees of freedom; where every seed "
+              "gave the same difference the t-test is undefined and the row's p is the exact "
+              "sign-flip p, 2 / 2^n)."]
+    if degenerate:
+        lines += ["", "Every seed gave the same difference (no spread: a t interval would be "
+                  "a point and a t-test p 0): " + "; ".join(
+                      f"{e['label']} {titles[e['metric']]} ({e['diff']:+.3f} at each of "
+                      f"{e['n']} seeds, exact sign-flip p {_p(e['p'])})" for e in degenerate)
+                  + "."]
     if unresolved:
-        titles_short = {m: titles[m] for m in spec["metrics"]}
         lines += ["", "Not significant after Holm, and the seeds a paired t-test at 5% would "
-                  "need for 80% power if the mean difference and its spread stayed as observed: "
-                  + "; ".join(f"{e['label']} {titles_short[e['metric']]} "
+                  "need for 80% power if the mean difference and its spread stayed as observed, "
+                  "with the range over the spread's 95% interval (chi-square, n - 1 degrees of "
+                  "freedom) in brackets: "
+                  + "; ".join(f"{e['label']} {titles[e['metric']]} "
                               f"({e['diff']:+.3f}): {_seeds_for(e, result['paired'])}"
                               for e in unresolved) + "."]
+    rho = [r for r in result.get("rankings") or []
+           if r["metric"] in ("F-Attn",) and r.get("spearman_bootstrap")]
+    for r in rho:
+        lines += ["", f"{r['metric']} against the paper's Table 4: "
+                  + rank_stats.spearman_text(r["spearman_bootstrap"], "rows")]
     return "\n".join(lines)
 
 
-def lr_sweep_block(result: Mapping[str, Any], command: str) -> str:
+def lr_sweep_block(result: Mapping[str, Any], command: str, ran: bool = True) -> str:
     """The summary's learning-rate sweep section without its heading: what it measures, then
     per variant the best loss and the largest stable learning rate, then every point."""
     section = comparisons.lr_sweep_markdown(result["lr_sweep"])
     if not section:
-        return produced_line(result, command) + "\n\nNo run of the sweep has finished."
+        return produced_line(result, command, ran) + "\n\nNo run of the sweep has finished."
     body = section[1:] if section[0].startswith("## ") else section
     while body and not body[0]:
         body = body[1:]
     while body and not body[-1]:
         body = body[:-1]
-    return "\n".join([produced_line(result, command), "", *body])
+    return "\n".join([produced_line(result, command, ran), "", *body])
 
 
 def _p(value: float) -> str:
     return f"{value:.2g}" if value < 0.01 else f"{value:.2f}"
 
 
-def _seeds(needed: int | None) -> str:
-    return "no spread to go on, or over 1000" if needed is None else str(needed)
-
-
-def holm_seeds_needed(entry: Mapping[str, Any], m: int) -> int | None:
-    """Pairs a t-test at 5% / m needs for 80% power at the entry's observed mean and spread:
-    a p below that passes Holm's correction over m rows whatever the other rows give (the
-    Bonferroni level, the strictest Holm uses). None without a spread or beyond MAX_SEEDS."""
+def holm_seeds_needed(entry: Mapping[str, Any], m: int
+                      ) -> tuple[int | None, tuple[int | None, int | None] | None]:
+    """Pairs a t-test at 5% / m needs for 80% power at the entry's observed mean and spread,
+    and that number's range over the spread's 95% interval: a p below 5% / m passes Holm's
+    correction over m rows whatever the other rows give (the Bonferroni level, the strictest
+    Holm uses). (None, None) without a spread; None for a count beyond MAX_SEEDS."""
     if not entry.get("se") or not entry.get("n") or entry["n"] < 2:
-        return None
-    effect = abs(entry["diff"]) / (entry["se"] * entry["n"] ** 0.5)
+        return None, None
+    sd = entry["se"] * entry["n"] ** 0.5
     alpha = paired_stats.ALPHA / m
-    return next((n for n in range(2, paired_stats.MAX_SEEDS + 1)
-                 if paired_stats.t_power(effect, n, alpha) >= paired_stats.POWER), None)
+    low_sd, high_sd = paired_stats.sd_interval(sd, entry["n"])
+    mean = abs(entry["diff"])
+    return (paired_stats.seeds_for(mean / sd, alpha),
+            (paired_stats.seeds_for(mean / low_sd, alpha),
+             paired_stats.seeds_for(mean / high_sd, alpha)))
 
 
 def _seeds_for(entry: Mapping[str, Any], paired: Sequence[Mapping[str, Any]]) -> str:
-    """The seeds to resolve a difference Holm's correction left unmarked: at 5% where the
-    uncorrected p is above 5%, else at the Bonferroni level of its column."""
-    if entry["seeds_needed"] is not None or entry["p_t"] >= paired_stats.ALPHA:
-        return _seeds(entry["seeds_needed"])
-    m = sum(1 for e in paired if e["metric"] == entry["metric"] and e["p_t"] is not None)
-    needed = holm_seeds_needed(entry, m)
-    return (f"p < 0.05 before the correction; {_seeds(needed)} at 5%/{m} "
+    """The seeds to resolve a difference Holm's correction left unmarked, with their range:
+    at 5% where the uncorrected p is above 5%, else at the Bonferroni level of its column."""
+    if entry["p"] >= paired_stats.ALPHA:
+        return paired_stats.range_text(entry["seeds_needed"], entry["seeds_range"])
+    m = sum(1 for e in paired if e["metric"] == entry["metric"] and e["p"] is not None)
+    return (f"p < 0.05 before the correction; "
+            f"{paired_stats.range_text(*holm_seeds_needed(entry, m))} at 5%/{m} "
             "(enough for Holm's whatever the other rows give)")
 
 
@@ -190,16 +248,20 @@ def grid_command(name: str, grid_root: pathlib.Path) -> tuple[list[str], str]:
     return [*args, "--only", ",".join(spec["only"])], text
 
 
-def make(name: str, root: pathlib.Path, run: bool) -> None:
+def make(name: str, root: pathlib.Path, run: bool,
+         xla_flags: str = cpu_pinning.PINNED) -> None:
+    """Run a table's grid (its trainings under `xla_flags`), summarise it, rewrite its
+    block; with run=False only the last two, from the runs already under the root."""
     spec = TABLES[name]
     grid_root = root / name
     args, command = grid_command(name, grid_root)
     if run:
         subprocess.run([sys.executable, "-m", "experiments.run_grid", *args],
-                       cwd=REPO, check=False)
+                       cwd=REPO, check=False, env={**os.environ, "XLA_FLAGS": xla_flags})
     result = summarize.summarize(grid_root)
     page = REPO / spec["page"]
-    page.write_text(replace_block(page.read_text(), name, table_block(name, result, command)))
+    page.write_text(replace_block(page.read_text(), name,
+                                  table_block(name, result, command, ran=run)))
     print(f"{spec['page']}: table {name} rewritten from {grid_root}")
 
 
@@ -210,6 +272,9 @@ def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
     flags.DEFINE_string("only", "", "Comma-separated table names.", flag_values=flag_values)
     flags.DEFINE_bool("no_run", False, "Summarise existing roots only.",
                       flag_values=flag_values)
+    flags.DEFINE_string("xla_flags", cpu_pinning.PINNED, "XLA_FLAGS the grids' runs train "
+                        "under (recorded in each record.json); empty: the host's defaults.",
+                        flag_values=flag_values)
     return flag_values
 
 
@@ -221,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         cli.error(f"--only names {sorted(unknown)}; tables: {', '.join(TABLES)}")
     for name in names:
-        make(name, pathlib.Path(args.root), run=not args.no_run)
+        make(name, pathlib.Path(args.root), run=not args.no_run, xla_flags=args.xla_flags)
     return 0
 
 

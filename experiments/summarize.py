@@ -7,8 +7,12 @@ gated_attention.analyze) and `_status/<run>.json`, and writes `<root>/summary.md
 `<root>/summary.csv` (one row per run group, seeds averaged) and `<root>/runs.csv` (one row per
 run). Paper numbers come from experiments/paper_tables.json: PPL (and +Param) from the run's
 own table, gate score / M-Act / F-Attn from Table 4 where the variant is one of its rows.
-Rankings order groups by each metric (lower is better for all four) and, with at least three
-groups that have a paper value, give Spearman's rank correlation with the paper's order.
+Rankings order groups by each metric (lower is better for all four) in tiers: groups the seeds
+cannot tell apart at 5% share one (experiments/rank_stats.py; with one seed nothing is
+ordered, and the summary says it holds single runs); with at least three groups that have a
+paper value they give Spearman's rank correlation with the paper's order, with a bootstrap
+interval over seeds. Each group lists the seeds it holds, and a run that diverged (a
+non-finite number) is counted there, never dropped unseen.
 A Table 5 grid (experiments/grids/table5.py) adds a long-context section: each continued
 run's `length_eval/length_eval.json` (gated_attention.evaluate_length) as retrieval score and
 perplexity per length, with and without YaRN, beside the paper's RULER numbers at the same
@@ -45,7 +49,7 @@ from absl import flags
 from etils import epath
 from scipy import stats as scipy_stats
 
-from experiments import comparisons, grid_lib
+from experiments import comparisons, grid_lib, rank_stats
 from gated_attention import cli_flags, errors, paths
 
 METRICS = (  # (our key, paper key, column title)
@@ -63,6 +67,9 @@ SINK_TASK_KEYS = {
     "gate_trigger": "gate_trigger", "gate_other": "gate_other",
     "trigger_acc": "trigger_accuracy", "bigram_excess": "bigram_excess_loss",
 }
+ONE_SEED_WARNING = ("**One seed per row.** Every number below is a single run: no spread, no "
+                    "interval, no test. A difference between rows, or beside the paper's, is "
+                    "not a finding at one seed.")
 # A variant "removes the sink" when its F-Attn is below this share of the baseline's.
 SINK_FREE_SHARE = 1 / 3
 
@@ -144,6 +151,7 @@ def run_row(root: epath.Path, name: str, run: Mapping[str, Any],
                    tokens=record.get("tokens_seen"), wall_s=record.get("wall_seconds"),
                    commit=(record.get("code") or {}).get("commit"),
                    dirty=(record.get("code") or {}).get("dirty"),
+                   **host_fields(record.get("hardware") or {}),
                    seq_len=record["config"]["data"]["seq_len"],
                    peak_lr=record["config"]["optimizer"]["peak_lr"])
     if row["state"] == "done" or record:
@@ -197,6 +205,7 @@ def group_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         first = members[0]
         g: dict[str, Any] = {"group": group, "label": first["label"],
                              "variant": first["variant"], "seeds": len(done),
+                             "seed_list": sorted(m["seed"] for m in done),
                              "failed": sum(m["state"] == "failed" for m in members),
                              "unfinished": sum(m["state"] not in ("done", "failed")
                                                for m in members),
@@ -204,6 +213,8 @@ def group_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         for key in ("ppl", "eval_ppl", "eval_loss", "train_loss", "f_attn", "sink_rate",
                     "m_act", "gate", "spikes", "params_added_m", *SINK_TASK_KEYS):
             values = [m.get(key) for m in done]
+            g[f"{key}_nonfinite"] = sum(v is not None and not math.isfinite(float(v))
+                                        for v in values)
             g[key], g[f"{key}_std"] = _mean_std(values)
             n = _count(values)  # standard error of the mean over seeds
             g[f"{key}_se"] = (g[f"{key}_std"] / math.sqrt(n)
@@ -225,12 +236,38 @@ def _sources(sources: Sequence[str | None]) -> str | None:
     return ", ".join(f"{source} {n}" for source, n in sorted(counts.items()))
 
 
-def rankings(groups: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per metric: our order, the paper's order, and Spearman's rho on the shared groups."""
+def host_fields(hardware: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's host CPU and XLA CPU settings from its record (run_record.hardware), for
+    tables that must say where their numbers come from."""
+    cpu = hardware.get("host_cpu") or {}
+    isa = cpu.get("vector_isa") or []
+    widest = next((x for x in ("avx512f", "avx2", "avx", "sse4_2") if x in isa), None)
+    return {"host_cpu": " ".join(x for x in (cpu.get("model_name"), widest and f"({widest})")
+                                 if x) or None,
+            "xla_flags": hardware.get("xla_flags"), "cpu_threads": hardware.get("cpu_threads")}
+
+
+def per_seed(rows: Sequence[Mapping[str, Any]], key: str) -> dict[str, dict[Any, float]]:
+    """group label -> {seed: value} of one metric over the finished runs."""
+    out: dict[str, dict[Any, float]] = {}
+    for r in rows:
+        if r["state"] == "done" and r.get(key) is not None:
+            out.setdefault(r["label"], {})[r["seed"]] = float(r[key])
+    return out
+
+
+def rankings(groups: Sequence[Mapping[str, Any]],
+             rows: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Per metric: our rows in tiers (rank_stats.tiers: rows the seeds cannot tell apart at
+    5% share a tier, so one seed orders nothing), the paper's order, and Spearman's rho on the
+    shared rows with its bootstrap interval over seeds (rank_stats.spearman_bootstrap). rows:
+    the per-run rows; without them every group counts as a single run."""
     out = []
     for ours, _, title in METRICS:
-        have = [g for g in groups if g.get(ours) is not None]
-        order = [g["label"] for g in sorted(have, key=lambda g: g[ours])]
+        values = (per_seed(rows, ours) if rows else
+                  {g["label"]: {0: g[ours]} for g in groups if g.get(ours) is not None})
+        have = [g for g in groups if g.get(ours) is not None and g["label"] in values]
+        ordered = rank_stats.tiers({g["label"]: values[g["label"]] for g in have})
         both = [g for g in have if g.get(f"paper_{ours}") is not None]
         paper_order = [g["label"] for g in sorted(both, key=lambda g: g[f"paper_{ours}"])]
         rho = None
@@ -238,8 +275,13 @@ def rankings(groups: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             rho = float(scipy_stats.spearmanr([g[ours] for g in both],
                                               [g[f"paper_{ours}"] for g in both]).statistic)
             rho = None if math.isnan(rho) else rho
-        out.append({"metric": title, "ours": order, "paper": paper_order, "shared": len(both),
-                    "spearman": rho})
+        boot = rank_stats.spearman_bootstrap(
+            {g["label"]: values[g["label"]] for g in both},
+            {g["label"]: g[f"paper_{ours}"] for g in both})
+        out.append({"metric": title, "ours": [x for tier in ordered for x in tier],
+                    "tiers": ordered, "paper": paper_order, "shared": len(both),
+                    "spearman": rho, "spearman_bootstrap": boot,
+                    "seeds": max((len(v) for v in values.values()), default=0)})
     return out
 
 
@@ -251,6 +293,14 @@ def _fmt(value: Any, digits: int = 3) -> str:
     if isinstance(value, int):
         return str(value)
     return f"{value:.{digits}g}" if abs(value) >= 1000 else f"{value:.{digits}f}"
+
+
+def seeds_cell(g: Mapping[str, Any]) -> str:
+    """How many seeds a group holds and which: "3 (0, 1, 2)", with the runs whose numbers
+    are non-finite (a diverged run) counted: they are left out of the means, never unseen."""
+    text = f"{g['seeds']} ({', '.join(map(str, g.get('seed_list') or [])) or '-'})"
+    nonfinite = max((v for k, v in g.items() if k.endswith("_nonfinite")), default=0)
+    return text + (f", {nonfinite} of {g['seeds']} non-finite" if nonfinite else "")
 
 
 def _pm(g: Mapping[str, Any], key: str, digits: int = 3) -> str:
@@ -277,6 +327,7 @@ def markdown(root: epath.Path, manifest: Mapping[str, Any] | None,
         "held-out batches); telemetry = the last training-time telemetry point in the run's "
         "record.json, for a run with no analysis (one training batch, with the weights that "
         "step started from: not the same measurement); - = neither.", "",
+        *([ONE_SEED_WARNING, ""] if groups and max(g["seeds"] for g in groups) <= 1 else []),
         "| run | seeds | PPL | paper PPL | F-Attn | paper F-Attn | sink rate | M-Act "
         "| paper M-Act | gate | paper gate | spikes | diverged | +params (M) | paper +params (M) "
         "| sink from |",
@@ -284,7 +335,7 @@ def markdown(root: epath.Path, manifest: Mapping[str, Any] | None,
     ]
     for g in groups:
         lines.append(
-            f"| {g['label']} (`{g['group']}`) | {g['seeds']}"
+            f"| {g['label']} (`{g['group']}`) | {seeds_cell(g)}"
             + (f" ({g['failed']} failed)" if g["failed"] else "")
             + (f" ({g['unfinished']} not done)" if g["unfinished"] else "")
             + f" | {_pm(g, 'ppl')} | {_fmt(g['paper_ppl'])} | {_pm(g, 'f_attn')} "
@@ -297,23 +348,44 @@ def markdown(root: epath.Path, manifest: Mapping[str, Any] | None,
         lines += ["", "Sink numbers from training telemetry (no analysis.json): "
                   + ", ".join(f"`{r['run']}` (step {r.get('sink_step', '?')})"
                               for r in telemetry) + "."]
-    lines += ["", "## Rankings (lower first)", ""]
-    for r in ranks:
-        if not r["ours"]:
-            continue
-        lines.append(f"- **{r['metric']}** ours: {' < '.join(r['ours'])}")
-        if r["paper"]:
-            rho = ("" if r["spearman"] is None
-                   else f"; Spearman rho = {r['spearman']:.2f} over {r['shared']} rows")
-            lines.append(f"  paper: {' < '.join(r['paper'])}{rho}")
+    lines += ["", *rankings_markdown(ranks)]
     if any(g.get("trigger_acc") is not None for g in groups):
-        lines += ["", *sink_section(groups)]
+        lines += ["", *sink_section(groups, rows)]
     bad = [r for r in rows if r["state"] != "done"]
     if bad:
         lines += ["", "## Runs not done", ""]
         lines += [f"- `{r['run']}`: {r['state']}" + (f" ({r['error']})" if r["error"] else "")
                   for r in bad]
     return "\n".join(lines) + "\n"
+
+def rankings_markdown(ranks: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The Rankings section: our tiers (≈ where the seeds cannot tell rows apart, and for
+    every row when there is one seed), the paper's order, and rho with its seeds and interval."""
+    ranked = [r for r in ranks if r["ours"]]
+    if not ranked:
+        return []
+    one_seed = max(r["seeds"] for r in ranked) <= 1
+    lines = ["## Rankings (lower first)", "",
+             "Rows in the order of their means over seeds; ≈ joins rows the seeds do not tell "
+             "apart at 5% (paired over seeds: the t-test, or the exact sign-flip test where "
+             "every seed gave the same difference). One seed tells nothing apart.", ""]
+    if one_seed:
+        lines += ["**One seed per row: these are single runs.** No row is ranked above "
+                  "another and no difference here is a finding; run more seeds "
+                  "(`run_grid --seeds 0,1,2,...`) to order them.", ""]
+    for r in ranked:
+        lines.append(f"- **{r['metric']}** ours: {rank_stats.tiers_text(r['tiers'])}")
+        if r["paper"]:
+            boot = r.get("spearman_bootstrap")
+            rho = ("" if r["spearman"] is None
+                   else f"; Spearman rho = {r['spearman']:.2f} over {r['shared']} rows")
+            if rho and boot is not None:
+                rho += (" (single runs, no interval)" if boot["low"] is None else
+                        f" (95% bootstrap interval over {len(boot['seeds'])} seeds "
+                        f"[{boot['low']:.2f}, {boot['high']:.2f}])")
+            lines.append(f"  paper: {' < '.join(r['paper'])}{rho}")
+    return lines
+
 
 TABLE5 = "table5_ruler"
 # (our variant, RoPE scaling evaluated, the paper's row in table5_ruler, title)
@@ -406,10 +478,12 @@ def table5_markdown(result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def sink_comparison(groups: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def sink_comparison(groups: Sequence[Mapping[str, Any]],
+                    runs: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """F-Attn of the synthetic task against Table 4: Spearman's rho over the Table 4 rows we
-    ran, and the rows where we and the paper disagree on whether the sink is removed (F-Attn
-    below SINK_FREE_SHARE of the baseline's)."""
+    ran (with its bootstrap interval over the seeds of `runs`, the per-run rows, and rho
+    without each row), and the rows where we and the paper disagree on whether the sink is
+    removed (F-Attn below SINK_FREE_SHARE of the baseline's)."""
     rows = [g for g in groups if g.get("f_attn") is not None and g.get("paper_f_attn")
             is not None]
     rho = None
@@ -432,11 +506,16 @@ def sink_comparison(groups: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 and g.get("m_act") is not None and base.get("m_act") is not None
                 and g.get("paper_m_act") is not None and base.get("paper_m_act") is not None
                 and g["paper_m_act"] < base["paper_m_act"] and g["m_act"] > base["m_act"]]
+    seeds = per_seed(runs, "f_attn")
+    boot = rank_stats.spearman_bootstrap(
+        {g["label"]: seeds[g["label"]] for g in rows if g["label"] in seeds},
+        {g["label"]: g["paper_f_attn"] for g in rows}) if runs else None
     return {"rows": len(rows), "spearman": rho, "baseline": base is not None,
-            "disagree": disagree, "m_act_up": m_act_up}
+            "disagree": disagree, "m_act_up": m_act_up, "bootstrap": boot}
 
 
-def sink_section(groups: Sequence[Mapping[str, Any]]) -> list[str]:
+def sink_section(groups: Sequence[Mapping[str, Any]],
+                 runs: Sequence[Mapping[str, Any]] = ()) -> list[str]:
     """Markdown: the synthetic sink task beside Table 4, and where the small scale disagrees."""
     lines = [
         "## Attention sink on the synthetic task, beside Table 4", "",
@@ -458,7 +537,7 @@ def sink_section(groups: Sequence[Mapping[str, Any]]) -> list[str]:
             f"| {_fmt(g.get('gate_trigger'))} / {_fmt(g.get('gate_other'))} "
             f"| {_fmt(g['paper_gate'])} | {_fmt(g.get('trigger_acc'))} "
             f"| {_fmt(g.get('bigram_excess'))} |")
-    cmp = sink_comparison(groups)
+    cmp = sink_comparison(groups, runs)
     lines.append("")
     if cmp["spearman"] is None:
         lines.append(f"Spearman's rho of F-Attn against Table 4: needs at least 3 of its rows "
@@ -466,6 +545,9 @@ def sink_section(groups: Sequence[Mapping[str, Any]]) -> list[str]:
     else:
         lines.append(f"Spearman's rho of F-Attn against Table 4: **{cmp['spearman']:.2f}** over "
                      f"{cmp['rows']} rows.")
+        if cmp["bootstrap"] is not None:
+            lines.append("Over the seeds every row holds: "
+                         + rank_stats.spearman_text(cmp["bootstrap"], "Table 4 rows"))
     if not cmp["baseline"] or cmp["rows"] < 2:
         lines.append("Which variants remove the sink needs a baseline run and another Table 4 "
                      "row.")
@@ -510,7 +592,7 @@ def summarize(root: paths.PathLike, reference: str | None = None) -> dict[str, A
     tables = json.loads(grid_lib.PAPER_TABLES_FILE.read_text())
     rows = [run_row(root, name, run, tables) for name, run in runs.items()]
     groups = group_rows(rows)
-    ranks = rankings(groups)
+    ranks = rankings(groups, rows)
     manifest = paths.read_json_current(root / "runs.json")
     comparisons.check_reference(groups, reference)
     text = markdown(root, manifest, groups, rows, ranks)

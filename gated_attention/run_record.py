@@ -2,7 +2,8 @@
 
 Written by train.finish once train.steps are done: the full config, the code version when
 the training loop started (git commit and whether tracked files had uncommitted changes;
-None outside a git checkout), the hardware and mesh, tokens seen, model FLOPs
+None outside a git checkout), the hardware and mesh (on a CPU also the XLA_FLAGS and cores
+the run compiled and ran with: cpu_settings), tokens seen, model FLOPs
 (accounting.train_flops_per_token x tokens), the wall time of the run, the final train and
 held-out metrics, and the last telemetry values.
 
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import pathlib
 import platform
+import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -75,14 +78,30 @@ def host_cpu(cpuinfo: str | None = None) -> dict[str, Any]:
             "vector_isa": sorted(f for f in flags if f.startswith(("avx", "sse4", "fma", "amx")))}
 
 
+def cpu_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What else fixes a CPU run's rounding besides the host: the XLA_FLAGS it compiled under
+    (an instruction-set limit, `--xla_cpu_max_isa`, and the thread settings), the limit read
+    out of them, and the cores the process may run on (taskset). Two runs on different hosts
+    can only agree bit for bit under the same limit and thread settings."""
+    environ = os.environ if environ is None else environ
+    xla_flags = environ.get("XLA_FLAGS", "")
+    found = re.findall(r"--xla_cpu_max_isa=(\S+)", xla_flags)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count()
+    return {"xla_flags": xla_flags, "max_isa": found[-1] if found else None,
+            "cpu_threads": cores}
+
+
 def hardware(mesh: Any) -> dict[str, Any]:
     devices = list(mesh.devices.flat)
     first = devices[0]
     return {"platform": first.platform, "device_kind": getattr(first, "device_kind", None),
             "devices": len(devices), "processes": jax.process_count(),
             "mesh": {k: int(v) for k, v in dict(mesh.shape).items()},
-            "host": platform.node(), "host_cpu": host_cpu(), "python": platform.python_version(),
-            "jax": jax.__version__}
+            "host": platform.node(), "host_cpu": host_cpu(), **cpu_settings(),
+            "python": platform.python_version(), "jax": jax.__version__}
 
 
 def read_calls(workdir: Any) -> list[dict[str, Any]]:

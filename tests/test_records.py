@@ -61,8 +61,10 @@ def test_tables_are_rebuilt_from_records_with_command_commit_and_seeds(tmp_path)
     # diffs (-0.10, -0.05, -0.15): t = -0.1 / (0.05 / sqrt 3) = -3.464, 2 df -> p 0.074
     assert scipy_stats.ttest_rel(gated, base).pvalue == pytest.approx(0.0742, abs=1e-4)
     assert ", p 0.07" in row and "**\\***" not in row
-    # effect 0.1 / 0.05 = 2: a paired t-test at 5% reaches 80% power at 5 pairs (noncentral t)
-    assert "g1_sdpa_elementwise held-out loss (-0.100): 5" in block
+    # effect 0.1 / 0.05 = 2: a paired t-test at 5% reaches 80% power at 5 pairs (noncentral t);
+    # the sd's 95% chi-square interval with 2 df, 0.05 x sqrt(2 / 7.378) to 0.05 x sqrt(2 /
+    # 0.05064) = 0.026 to 0.314, gives effects 3.84 and 0.318: 3 and 80 pairs.
+    assert "g1_sdpa_elementwise held-out loss (-0.100): 5 (3 to 80)" in block
     page = "intro\n<!-- table:sinks_cpu begin -->\nold\n<!-- table:sinks_cpu end -->\nrest\n"
     new = make_tables.replace_block(page, "sinks_cpu", block)
     assert new.startswith("intro\n<!-- table:sinks_cpu begin -->\nProduced by")
@@ -97,8 +99,9 @@ def test_a_difference_significant_only_before_holm_gets_the_seeds_holm_needs(tmp
         sample = rng.normal(effect, 1.0, size=(20000, n))
         power = float(np.mean(scipy_stats.ttest_1samp(sample, 0.0, axis=1).pvalue < 0.025))
         assert (power < 0.8) == below, (n, power)
+    # The spread's interval (sd 0.03 x 0.521 to x 6.28) moves it from 3 to 37 pairs.
     assert ("g1_sdpa_elementwise held-out loss (-0.100): p < 0.05 before the correction; "
-            "4 at 5%/2") in block
+            "4 (3 to 37) at 5%/2") in block
     assert "no spread to go on" not in block
 
 
@@ -135,12 +138,16 @@ def test_the_lr_sweep_table_is_rewritten_in_its_page_from_records(tmp_path, monk
     monkeypatch.setattr(make_tables, "REPO", tmp_path)
     make_tables.make("lr_cpu", tmp_path / "runs", run=False)
     text = page.read_text()
-    assert text.startswith("intro\n<!-- table:lr_cpu begin -->\nProduced by `make tables "
+    assert text.startswith("intro\n<!-- table:lr_cpu begin -->\nSummarised by `make tables "
+                           "--no_run` from the runs found under the grid's root (the command "
+                           "that makes them: `make tables "
                            f"(python -m experiments.run_grid experiments/grids/lr_cpu.py --root "
                            f"{root} --seeds 0,1 --lr_multipliers 1,8,32,128 --no_analyze --set "
                            "train.batch_size=4 --set train.steps=200 --set train.eval_every=200 "
                            "--set train.checkpoint_every=200 --only <its 12 runs")
-    assert "`, then `python -m experiments.summarize`, at commit `abc`, seeds 0, 1.\n" in text
+    assert ("<its 12 runs: baseline and G1 elementwise, seed 0 at x1 and x8, seeds 0 and 1 at "
+            "x32 and x128>)`), at commit `abc`, seeds 0, 1, host not recorded, XLA settings "
+            "not recorded.\n") in text
     assert text.endswith("\n<!-- table:lr_cpu end -->\nrest\n") and "old" not in text
     # Best: the lowest mean loss. Stable: no non-finite step and within 2% of the best
     # (baseline 5.40 x 1.02 = 5.508: x1 and x8; G1 5.30 x 1.02 = 5.406: x8, x32, and x128
@@ -149,15 +156,16 @@ def test_the_lr_sweep_table_is_rewritten_in_its_page_from_records(tmp_path, monk
         "| variant | best loss (at lr) | largest stable lr |",
         "| baseline | 5.4000 (x8 = 0.240) | x8 = 0.240 |",
         "| g1_sdpa_elementwise | 5.3000 (x8 = 0.240) | x32 = 0.960 |",
-        "| variant | lr x | peak lr | runs done | non-finite steps | spikes per run | loss |",
-        "| baseline | 1 | 0.030 | 1/1 | 0 | 0 | 5.5000 |",
-        "| baseline | 8 | 0.240 | 1/1 | 0 | 0 | 5.4000 |",
-        "| baseline | 32 | 0.960 | 2/2 | 0 | 0, 0 | 5.8500 ± 0.071 |",
-        "| baseline | 128 | 3.840 | 2/2 | 1 | 1, 0 | 6.0500 ± 0.071 |",
-        "| g1_sdpa_elementwise | 1 | 0.030 | 1/1 | 0 | 0 | 5.4500 |",
-        "| g1_sdpa_elementwise | 8 | 0.240 | 1/1 | 0 | 0 | 5.3000 |",
-        "| g1_sdpa_elementwise | 32 | 0.960 | 2/2 | 0 | 0, 0 | 5.3700 ± 0.014 |",
-        "| g1_sdpa_elementwise | 128 | 3.840 | 2/2 | 1 | 0, 0 | 5.3400 ± 0.014 |"]
+        "| variant | lr x | peak lr | runs done (seeds) | non-finite steps | spikes per run "
+        "| loss |",
+        "| baseline | 1 | 0.030 | 1/1 (0) | 0 | 0 | 5.5000 |",
+        "| baseline | 8 | 0.240 | 1/1 (0) | 0 | 0 | 5.4000 |",
+        "| baseline | 32 | 0.960 | 2/2 (0, 1) | 0 | 0, 0 | 5.8500 ± 0.071 |",
+        "| baseline | 128 | 3.840 | 2/2 (0, 1) | 1 | 1, 0 | 6.0500 ± 0.071 |",
+        "| g1_sdpa_elementwise | 1 | 0.030 | 1/1 (0) | 0 | 0 | 5.4500 |",
+        "| g1_sdpa_elementwise | 8 | 0.240 | 1/1 (0) | 0 | 0 | 5.3000 |",
+        "| g1_sdpa_elementwise | 32 | 0.960 | 2/2 (0, 1) | 0 | 0, 0 | 5.3700 ± 0.014 |",
+        "| g1_sdpa_elementwise | 128 | 3.840 | 2/2 (0, 1) | 1 | 0, 0 | 5.3400 ± 0.014 |"]
 
 
 def _record(*, steps, wall_seconds, calls):
@@ -248,3 +256,77 @@ def test_a_resumed_run_records_the_wall_time_of_both_calls(tmp_path, compiled_on
         assert 0 < call["wall_seconds"] <= outer
     assert max(c["wall_seconds"] for c in calls) < record["wall_seconds"] <= sum(spent)
     assert record["wall_seconds_last_call"] == calls[-1]["wall_seconds"]
+
+
+def test_a_table_says_which_seeds_and_commits_it_holds_and_marks_equal_differences(tmp_path):
+    # Seed 0 only, under --no_run: the block must not claim the command's seeds 0, 1, 2.
+    # G1's sink rate is 0.25 below the baseline's at seeds 0 and 1 (then at seed 0 alone).
+    runs = {}
+    for variant, rates in (("baseline", (0.5, 0.75)), ("g1_sdpa_elementwise", (0.25, 0.5))):
+        for seed, rate in enumerate(rates):
+            name = f"sink_tiny-h2-{variant}-s{seed}"
+            analysis = {"perplexity": 20.0, "first_token_attention": 0.3, "sink_rate": rate,
+                        "massive_activation": 2.0, "gate_score_mean": None, "step": 10,
+                        "params": {"params_added_vs_baseline": 0}}
+            runs[name] = grid_fixtures.write_run(tmp_path, name, variant=variant, seed=seed,
+                                                 eval_loss=3.0, analysis=analysis)
+    grid_fixtures.write_manifest(tmp_path, runs)
+    block = make_tables.table_block("sinks_cpu", summarize.summarize(tmp_path), "make tables",
+                                    ran=False)
+    assert block.startswith("Summarised by `make tables --no_run` from the runs found")
+    assert ", seeds 0, 1, host not recorded" in block
+    row = next(line for line in block.splitlines() if line.startswith("| g1_sdpa_elementwise"))
+    assert row.startswith("| g1_sdpa_elementwise | 2 (0, 1) | ")
+    # Equal differences: no interval, the exact sign-flip p 2 / 2^2 = 0.5, not p 0.
+    assert "-0.250 (all 2 seeds equal: no interval), p (exact sign-flip) 0.50" in row
+    assert "**\\***" not in row
+    assert "g1_sdpa_elementwise sink rate (-0.250 at each of 2 seeds, exact sign-flip p 0.50)" \
+        in block
+    # Seed 1 trained at another commit, on another host: the block says the runs mix them.
+    record_path = tmp_path / "sink_tiny-h2-g1_sdpa_elementwise-s1" / "record.json"
+    record = json.loads(record_path.read_text())
+    record["code"]["commit"] = "def"
+    record["hardware"] = {"host_cpu": {"model_name": "AMD EPYC", "vector_isa": ["avx", "avx2"]},
+                          "xla_flags": "--xla_cpu_max_isa=AVX2", "cpu_threads": 1}
+    record_path.write_text(json.dumps(record))
+    block = make_tables.table_block("sinks_cpu", summarize.summarize(tmp_path), "make tables")
+    assert "at commits `abc`, `def`" in block and "on AMD EPYC (avx2)" in block
+    assert "XLA_FLAGS `--xla_cpu_max_isa=AVX2` (1 cores)" in block
+    assert "**The runs mix commits**" in block
+    # One seed of each: a difference, and no interval or test beside it.
+    for seed in (1,):
+        for variant in ("baseline", "g1_sdpa_elementwise"):
+            (tmp_path / "_status" / f"sink_tiny-h2-{variant}-s{seed}.json").write_text(
+                json.dumps({"state": "pending"}))
+    block = make_tables.table_block("sinks_cpu", summarize.summarize(tmp_path), "make tables")
+    assert "-0.250 (one seed: no interval, no test)" in block
+
+
+def test_the_record_names_the_xla_settings_and_cores_a_cpu_run_used():
+    import os
+
+    settings = run_record.cpu_settings(
+        {"XLA_FLAGS": "--xla_cpu_max_isa=AVX --xla_cpu_max_isa=AVX2 --xla_foo=1"})
+    assert settings["max_isa"] == "AVX2"  # the last one given wins, as in XLA's parser
+    assert settings["xla_flags"] == "--xla_cpu_max_isa=AVX --xla_cpu_max_isa=AVX2 --xla_foo=1"
+    assert settings["cpu_threads"] == len(os.sched_getaffinity(0))
+    assert run_record.cpu_settings({}) == {"xla_flags": "", "max_isa": None,
+                                           "cpu_threads": len(os.sched_getaffinity(0))}
+
+
+def test_pinning_comparison_groups_runs_equal_in_every_bit():
+    from experiments import cpu_pinning
+
+    def run(losses, weights):
+        return {"losses": dict(enumerate(losses, 1)), "fingerprints": {"w": weights},
+                "record": {"hardware": {"cpu_threads": 2}}}
+
+    runs = {"default": run([3.0, 2.5, 2.0], 7), "default-1core": run([3.0, 2.5, 2.0], 7),
+            "avx2": run([3.0, 2.5000002, 2.0], 7), "avx": run([3.0, 2.5, 2.0], 8),
+            "sse4_2": None}
+    rows = {r["setting"]: r for r in cpu_pinning.compare(runs)}
+    assert [rows[n]["group"] for n in runs] == ["A", "A", "B", "C", "failed"]
+    assert rows["avx2"]["first_difference"] == 2  # the loss differs at step 2
+    assert rows["avx"]["first_difference"] is None  # same losses, other weights: group C
+    assert "| avx2 | `--xla_cpu_max_isa=AVX2` | all | 2.0000000000 | B | 2 |" in \
+        cpu_pinning.markdown(list(rows.values()), "default")
