@@ -1,4 +1,8 @@
-"""A plain progress line every train.log_every steps, for logs read without a progress bar.
+"""The run's progress: a tqdm bar, or a plain line every train.log_every steps for logs read
+without one.
+
+The bar is made after the first step, which compiles the train step: made before it, its
+first rate and ETA counted the compile as one step's time (hours for a run of minutes).
 
 On a pod the run's output goes to a file (tpu_scripts/logs.sh tails it), where a tqdm bar is
 off; this line says the same: step, loss, tokens/s, model FLOPs utilisation and time left.
@@ -52,3 +56,11 @@ class ProgressLine:
         eta = _duration((self.total_steps - step) * seconds_per_step)
         return (f"step {step}/{self.total_steps}  loss {loss:.4f}  tokens/s {tokens_per_sec:,.0f}"
                 f"  MFU {mfu}  ETA {eta}")
+
+
+def progress_bar(total: int, done: int, desc: str) -> Any:
+    """A tqdm bar of `total` steps, `done` of them already behind it (resumed, or the first
+    step with its compile): its rate and ETA count the steps from here on."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=done, unit="step", dynamic_ncols=True, desc=desc)

@@ -572,15 +572,12 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
     telemetry_every = train_cfg.get("telemetry_every", 0)
     telemetry_fn = _telemetry_fn(run) if telemetry_every else None
     last_eval: dict[str, Any] | None = None
+    # The bar starts after the first step (the compile), so its rate and ETA are the steps'.
+    wants_bar = progress and run.primary and start < train_cfg.steps
     bar = None
-    if progress and run.primary and start < train_cfg.steps:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=train_cfg.steps, initial=start, unit="step", dynamic_ncols=True,
-                   desc=f"{config.arch}/{config.variant}")
     # Without a bar (pods: output goes to a log file), a plain line every log_every steps.
     plain = (progress_log.ProgressLine(config, run.mesh.devices.flat)
-             if bar is None and run.primary else None)
+             if not wants_bar and run.primary else None)
     end = train_cfg.steps if stop_after is None else min(train_cfg.steps, start + stop_after)
     done, stopped_by = start, None
     from gated_attention.run_record import code_version
@@ -622,6 +619,9 @@ def train_loop(run: PreparedRun, state: State, start: int, *, progress: bool = T
                                      metrics.tokens_per_step / rate), flush=True)
             if bar is not None:
                 bar.update(1)
+            elif wants_bar:
+                bar = progress_log.progress_bar(train_cfg.steps, done,
+                                                f"{config.arch}/{config.variant}")
             if train_cfg.eval_every and eval_batches and (  # due even when stopping
                     done % train_cfg.eval_every == 0 or done == train_cfg.steps):
                 last_eval = {"step": done,
