@@ -38,23 +38,30 @@ $(CORE_STAMP): setup.cfg pyproject.toml | $(VENV)/bin/python
 # with its time: the whole runs for minutes (over 15 on a loaded 2-core host, downloads
 # included), most of it in step 1.
 $(TEST_STAMP): $(CORE_STAMP)
-	$(call STEP,1/4: pytest / ruff / notebooks / Ray / lm-eval / a GCS stand-in and the seqio extra (tensorflow and its datasets) - about 4 GB installed)
+	$(call STEP,1/5: pytest / ruff / notebooks / Ray / lm-eval / a GCS stand-in and the seqio extra (tensorflow and its datasets) - about 4 GB installed)
 	$(PIP_STEPS) -e '.[test,seqio]' 2>&1 | $(PROGRESS)
 	$(DONE)
-	$(call STEP,2/4: libtpu pinned to jax (jax[tpu]) - the TPU compiler; no TPU needed - about 700 MB installed)
+	$(call STEP,2/5: libtpu pinned to jax (jax[tpu]) - the TPU compiler; no TPU needed - about 700 MB installed)
 	$(PIP_STEPS) "jax[tpu]==$$($(PY) -c 'import jax; print(jax.__version__)')" 2>&1 | $(PROGRESS)
 	$(DONE)
 	# The CUDA compile pair pinned to jax, and ptxas: the suite compiles for NVIDIA GPU targets
 	# deviceless too (no CUDA libraries, no GPU). It goes into its own folder, loaded only by
 	# GPU-target compiles (gated_attention/cuda_compile.py): in the environment's own packages
 	# it would print "Could not find cuda drivers" on every CPU run.
-	$(call STEP,3/4: the CUDA compile pair and ptxas into $(VENV)/cuda_compile - XLA:GPU with no GPU - about 223 MB to download / 570 MB installed)
+	$(call STEP,3/5: the CUDA compile pair and ptxas into $(VENV)/cuda_compile - XLA:GPU with no GPU - about 223 MB to download / 570 MB installed)
 	V=$$($(PY) -c 'import jax; print(jax.__version__)'); $(PIP_STEPS) --no-deps --upgrade \
 		--target $(VENV)/cuda_compile "jax-cuda12-plugin==$$V" "jax-cuda12-pjrt==$$V" \
 		nvidia-cuda-nvcc-cu12 2>&1 | $(PROGRESS)
 	$(DONE)
-	$(call STEP,4/4: checking that each imports)
+	# xpk, whose real dry run writes the JobSet the GKE tests check, in an environment of its
+	# own: its pinned dependencies (protobuf, packaging, PyYAML) clash with the project's.
+	$(call STEP,4/5: xpk 1.16 into its own environment $(VENV)/xpk - the GKE launcher's dry run - about 380 MB installed)
+	$(PY) -m venv $(VENV)/xpk && $(VENV)/xpk/bin/python -m pip install --disable-pip-version-check --progress-bar off \
+		xpk==1.16.0 2>&1 | $(PROGRESS)
+	$(DONE)
+	$(call STEP,5/5: checking that each imports)
 	$(PY) -c "import pytest, xdist, nbclient, seqio, tensorflow_datasets, libtpu"
+	$(VENV)/xpk/bin/xpk version >/dev/null
 	$(PY) -c "from gated_attention import cuda_compile; assert cuda_compile.enable(); \
 		import jax_plugins.xla_cuda12, jax_cuda12_plugin"
 	$(DONE)
