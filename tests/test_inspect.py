@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gated_attention.config_lib import base_config, model_config
 from gated_attention.inspect import count_params, report, train_flops_per_token
 
@@ -70,3 +72,33 @@ def test_the_inspect_door_leaves_the_standard_librarys_inspect_alone():
     assert cudnn_packed.inspect is stdlib_inspect
     assert stdlib_inspect.__file__.endswith("/inspect.py") and "gated_attention" not in (
         stdlib_inspect.__file__)
+
+
+
+@pytest.mark.reference("independent")  # the overrides worked out from the config by hand
+def test_a_plan_that_fits_on_none_listed_names_what_would_shrink_it():
+    """The 1.7B arch's defaults (1024 x 4096 in one micro-batch, remat of the projections)
+    fit no accelerator on one device or on 32 data-parallel ones: the table ends with the
+    overrides that shrink it; with them (32-way fsdp, 64 micro-batches, full remat) it fits
+    and says nothing more."""
+    from gated_attention import inspect, memory
+
+    config = base_config("dense_1p7b_28l", "g1_sdpa_elementwise")
+    info = report(model_config(config), config.data.seq_len)
+    info["memory"] = memory.report(config, "data=1,fsdp=1", None)
+    assert info["memory"]["fits_on"] == []
+    assert inspect.format_table(info).splitlines()[-1] == (
+        "to fit: fewer sequences per micro-batch (--config.train.grad_accum=2 or more; 1024 "
+        "now); --config.model.remat=full (each block recomputed in the backward; "
+        "dots_with_no_batch_dims_saveable now); more devices (--mesh=data=1,fsdp=N, or "
+        "--num_devices)")
+    info["memory"] = memory.report(config, "data=32,fsdp=1", None)
+    assert info["memory"]["fits_on"] == []
+    assert inspect.format_table(info).splitlines()[-1].startswith(
+        "to fit: weights sharded over the data-parallel devices too (--mesh=data=1,fsdp=32); "
+        "fewer sequences per micro-batch (--config.train.grad_accum=2 or more; 1024 now)")
+    config.train.grad_accum = 64
+    config.model.remat = "full"
+    info["memory"] = memory.report(config, "data=1,fsdp=32", None)
+    assert "TPU v5p" in info["memory"]["fits_on"]
+    assert not inspect.format_table(info).splitlines()[-1].startswith("to fit")
