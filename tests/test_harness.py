@@ -253,3 +253,53 @@ def test_bad_input_is_one_line_naming_the_flag_before_any_compile(
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message.format(tmp=tmp_path) in err[0], err
+
+
+@pytest.mark.slow
+def test_training_hook_and_the_command_on_the_trained_run(tmp_path):
+    """train.harness_every writes kind "harness" records at steps 2 and 4 and record.json's
+    final.harness; the command on the finished run's checkpoint reads the same numbers."""
+    import jax
+
+    from gated_attention import config_lib, harness, train
+    from gated_attention.metrics_writer import read_jsonl
+    from tests.data_fixtures import write_jsonl
+
+    tasks = write_tasks(tmp_path / "tasks")
+    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config.model.update(dict(vocab_size=259, num_layers=1, d_model=32, num_heads=2,
+                             num_kv_heads=1, head_dim=16, mlp_dim=64))
+    config.data.update(dict(source="files", paths=write_jsonl(tmp_path / "c.jsonl", texts(30)),
+                            tokenizer="byte", seq_len=64, cache_dir=str(tmp_path / "cache"),
+                            eval_fraction=0.2))
+    config.train.update(dict(steps=4, batch_size=4, eval_every=0, eval_batches=0, log_every=1,
+                             checkpoint_every=0, async_checkpoint=False, telemetry_every=0,
+                             harness_every=2, harness_tasks="ga_mc,ga_gen",
+                             harness_include_path=str(tasks)))
+    config.optimizer.update(dict(warmup_steps=1, peak_lr=3e-2))
+    train.run(config, tmp_path / "run", progress=False, devices=jax.devices()[:1])
+    records = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")
+               if r["kind"] == "harness"]
+    assert [r["step"] for r in records] == [2, 4]
+    assert {"ga_mc/acc", "ga_gen/exact_match"} <= set(records[-1])
+    record = json.loads((tmp_path / "run" / "record.json").read_text())
+    assert record["final"]["harness"]["ga_mc/acc"] == records[-1]["ga_mc/acc"]
+    results = harness.run(harness.parser().parse_args([
+        f"--workdir={tmp_path / 'run'}", "--tasks=ga_mc", f"--include_path={tasks}"]))
+    assert results["results"]["ga_mc"]["acc,none"] == records[-1]["ga_mc/acc"]
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("harness_every", -1, "train.harness_every=-1 must be an integer >= 0"),
+    ("harness_tasks", "", "train.harness_every=5 needs train.harness_tasks"),
+    ("harness_include_path", "/no/such/folder", "train.harness_include_path='/no/such/folder'"),
+])
+def test_bad_harness_fields_are_config_errors(field, value, message):
+    from gated_attention import config_lib
+    from gated_attention.config_checks import ConfigError
+
+    config = config_lib.base_config("tiny", "baseline")
+    config.train.update(dict(harness_every=5, harness_tasks="ga_mc"))
+    config.train[field] = value
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        config_lib.validate_run_config(config)

@@ -19,6 +19,7 @@ from typing import Any
 from gated_attention.errors import UserError
 
 OFFLINE_VARIABLES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+_MANAGERS: dict[str | None, Any] = {}  # lm-eval TaskManagers by include path, one per process
 
 
 def set_offline(allow_downloads: bool) -> None:
@@ -53,7 +54,9 @@ def load_tasks(request: TaskRequest) -> tuple[Any, dict[str, Any]]:
 
     if request.include_path and not os.path.isdir(request.include_path):
         raise UserError(f"--include_path={request.include_path} is not a folder")
-    manager = TaskManager(include_path=request.include_path)
+    if request.include_path not in _MANAGERS:  # indexing lm-eval's tasks takes seconds
+        _MANAGERS[request.include_path] = TaskManager(include_path=request.include_path)
+    manager = _MANAGERS[request.include_path]
     names = [t for t in request.tasks if t]
     if not names:
         raise UserError("--tasks is empty; name lm-eval tasks (`lm_eval ls tasks`) or local "
