@@ -75,6 +75,8 @@ OPTIONAL = {
                                       "(pip install -e '.[test]')",
     "ruff": "the linter (pip install -e '.[test]')",
     "lm_eval": "EleutherAI's lm-evaluation-harness (pip install -e '.[harness]')",
+    "ray": "Ray, which runs grids (pip install -e '.[ray]'; in '.[test]' too)",
+    "psutil": "finds a test's trainer processes (installed with ray[default])",
 }
 
 
