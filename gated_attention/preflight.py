@@ -7,6 +7,8 @@
     python -m gated_attention.preflight ... --accelerator=v5p-64 --slices=2 \
         --config.mesh.dcn_data=2
     python -m gated_attention.preflight --config=... --accelerator=h200-8 [--hosts=2]
+    # before any data exist: random ids in the run's shapes; every check, nothing compiled:
+    python -m gated_attention.preflight ... --config.data.source=synthetic [--check_only]
 
 The steps are the ones `main` runs (train.train_state_spec, make_train_step, jit_train_step,
 make_eval_step: same functions, same shardings), traced inside `compiling_for("tpu")` so the
@@ -28,6 +30,11 @@ With train.telemetry_every > 0 the telemetry function (gated_attention/telemetry
 compiled too, as `train.run` jits it (same parameter and batch shardings, under the mesh), and
 judged like a step: its first call comes after telemetry_every steps, too late to find that
 it does not compile or fit.
+
+The data checks (documents, tokenizer, vocabulary, epochs) run first, on the config's own
+data fields; with data.source=synthetic there is nothing to read, and the report's `data:`
+line reminds that the real run's checks still apply. A step that does not fit ends the report
+with the overrides that shrink it (memory.fit_levers).
 
 The building blocks (tpu_mesh, gpu_mesh, compile_step) live in gated_attention/target_compile.py;
 compile_telemetry is here.
