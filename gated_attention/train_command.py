@@ -1,9 +1,10 @@
 """The one place the training command is built: `python -m gated_attention.main` with a config
 spec, a workdir and config overrides, as an argument list.
 
-The demo, the grids (experiments/run_grid.py), the pod scripts (tpu_scripts/launch.sh and
-gke_launch.sh), the SLURM script (gpu_scripts/train.sbatch) and the supervisor's process
-pattern all take it from here, so a flag of `gated_attention.main` is spelled once.
+The demo, the grids (experiments/run_grid.py, and experiments/grid_workloads.py for one
+GKE workload per run), the pod scripts (tpu_scripts/launch.sh and gke_launch.sh) and the SLURM
+script (gpu_scripts/train.sbatch) all take it from here, so a flag of `gated_attention.main`
+is spelled once.
 The shell scripts print it with
 
     python -m gated_attention.train_command --python=.venv/bin/python --config=SPEC \
