@@ -1,20 +1,24 @@
 """Which XLA:CPU settings pin a CPU run's numbers: one training, compared bit for bit.
 
     python -m experiments.cpu_pinning --root runs/cpu_pinning [--steps 150] [--only a,b]
+        [--emulate_cpu EPYC-Rome --steps 40 --warmup_steps 10]
 
 XLA compiles a CPU program for the host's vector extensions, and a wider vector sums a
 reduction in another order, so the same command can round differently on two kinds of x86
 host; over a training's steps the last bits grow into a different F-Attn. This command trains
 the sink recipe's baseline (configs/sinks.py) for `--steps` under each setting of SETTINGS (an
-`XLA_FLAGS` text and a core count, the count through `taskset`), then compares every setting's
-per-step training losses and the saved weights' fingerprints (the checkpoint's integrity
-record: one checksum per array) with the others'. Settings whose runs agree in every bit
-share a group. A finished setting is kept; a rerun only compares.
+`XLA_FLAGS` text and a core count, set as the process's CPU affinity, as `taskset` does), then
+compares every setting's per-step training losses and the saved weights' fingerprints (the
+checkpoint's integrity record: one checksum per array) with the others'. Settings whose runs
+agree in every bit share a group. A finished setting is kept; a rerun only compares.
+`--emulate_cpu` runs every setting under QEMU's user-mode emulation of another CPU model
+(`qemu-x86_64 -cpu help` lists them): another kind of host, on this one, about 30x slower.
 
-PINNED is the setting `make tables` trains with (experiments/make_tables.py), chosen from
-these measurements (docs/reproducibility.md): an instruction-set limit every x86-64 host of
-the last decade meets, and one compute thread, so a host's core count cannot change the order
-of a sum either.
+PINNED and PINNED_CORES are what `make tables` trains with (experiments/make_tables.py),
+chosen from these measurements (docs/reproducibility.md): XLA's code limited to AVX2, which
+every x86-64 server of the last decade has; no YNNPACK kernels, which choose their code by the
+host CPU whatever XLA's limit; and one core, since the core count changed the numbers under
+every XLA flag tried.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from absl import flags
@@ -33,34 +37,50 @@ from absl import flags
 from gated_attention import cli_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-PINNED = f"--xla_cpu_max_isa=AVX2 {ONE_THREAD}"
+ISA_LIMIT = "--xla_cpu_max_isa=AVX2"  # XLA's own code: vectors no wider than AVX2's
+NO_YNN = "--xla_cpu_experimental_ynn_fusion_type="  # no YNNPACK kernels (they pick their own)
+ONE_THREAD = "--xla_cpu_multi_thread_eigen=false"  # Eigen's matmuls on one thread
+PINNED = f"{ISA_LIMIT} {NO_YNN}"
+PINNED_CORES = 1  # the thread count changed the numbers under every flag tried
 # name -> (XLA_FLAGS, cores or None for all the host gives the process)
 SETTINGS: dict[str, tuple[str, int | None]] = {
     "default": ("", None),
     "default-1core": ("", 1),
     "one-thread": (ONE_THREAD, None),
-    "avx2": ("--xla_cpu_max_isa=AVX2", None),
-    "avx2-1core": ("--xla_cpu_max_isa=AVX2", 1),
+    "avx2": (ISA_LIMIT, None),
+    "avx2-1core": (ISA_LIMIT, 1),
     "avx": ("--xla_cpu_max_isa=AVX", None),
     "sse4_2": ("--xla_cpu_max_isa=SSE4_2", None),
     "sse4_2-1core": ("--xla_cpu_max_isa=SSE4_2", 1),
-    "no-xnnpack": ("--xla_cpu_use_xnnpack=false", None),
+    "no-ynn": (NO_YNN, None),
+    "no-ynn-1core": (NO_YNN, 1),
     "pinned": (PINNED, None),
-    "pinned-1core": (PINNED, 1),
+    "pinned-1core": (PINNED, PINNED_CORES),
 }
 
 
-def train_argv(workdir: pathlib.Path, steps: int) -> list[str]:
+def limit_cores(cores: int | None) -> Callable[[], None] | None:
+    """A preexec_fn that keeps a child process (and its children) on the first `cores` cores
+    this process may use, as `taskset` does; None for all of them."""
+    if not cores:
+        return None
+    allowed = set(sorted(os.sched_getaffinity(0))[:cores])
+    return lambda: os.sched_setaffinity(0, allowed)
+
+
+def train_argv(workdir: pathlib.Path, steps: int, warmup_steps: int) -> list[str]:
     return [sys.executable, "-m", "gated_attention.main",
             "--config=configs/sinks.py:variant=baseline", f"--workdir={workdir}",
-            f"--config.train.steps={steps}", "--config.train.eval_every=0",
+            f"--config.train.steps={steps}", f"--config.optimizer.warmup_steps={warmup_steps}",
+            "--config.train.eval_every=0",
             "--config.train.telemetry_every=0", f"--config.train.checkpoint_every={steps}",
             "--config.train.log_every=1", "--noprogress"]
 
 
-def run_setting(root: pathlib.Path, name: str, steps: int) -> int:
-    """Train one setting into root/name (kept when its record.json exists)."""
+def run_setting(root: pathlib.Path, name: str, steps: int, warmup_steps: int = 100,
+                emulate_cpu: str = "") -> int:
+    """Train one setting into root/name (kept when its record.json exists); emulate_cpu: a
+    QEMU CPU model (`qemu-x86_64 -cpu help`) to run it on, as another kind of host would."""
     xla_flags, cores = SETTINGS[name]
     workdir = root / name
     if (workdir / "record.json").exists():
@@ -68,14 +88,13 @@ def run_setting(root: pathlib.Path, name: str, steps: int) -> int:
     if workdir.exists():
         shutil.rmtree(workdir)  # an unfinished attempt: start it again from step 0
     env = {**os.environ, "XLA_FLAGS": xla_flags}
-    argv = train_argv(workdir, steps)
-    if cores is not None:
-        argv = ["taskset", "-c", ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:cores]),
-                *argv]
+    argv = train_argv(workdir, steps, warmup_steps)
+    if emulate_cpu:
+        argv = ["qemu-x86_64", "-cpu", emulate_cpu, *argv]
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f"{name}.log", "w") as log:
         return subprocess.run(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              check=False).returncode
+                              check=False, preexec_fn=limit_cores(cores)).returncode
 
 
 def read_run(workdir: pathlib.Path, steps: int) -> dict[str, Any] | None:
@@ -137,6 +156,11 @@ def markdown(rows: Sequence[Mapping[str, Any]], reference: str) -> str:
 def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
     flags.DEFINE_string("root", "runs/cpu_pinning", "Where the runs go.", flag_values=flag_values)
     flags.DEFINE_integer("steps", 150, "Training steps per run.", flag_values=flag_values)
+    flags.DEFINE_integer("warmup_steps", 100, "The learning rate's warm-up (the recipe's 100 "
+                         "needs at least 100 steps).", flag_values=flag_values)
+    flags.DEFINE_string("emulate_cpu", "", "Run every setting under qemu-x86_64 -cpu MODEL "
+                        "(e.g. EPYC-Rome, Haswell): another kind of x86 host on this one.",
+                        flag_values=flag_values)
     flags.DEFINE_string("only", "", "Comma-separated setting names (default: all).",
                         flag_values=flag_values)
     return flag_values
@@ -151,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cli.error(f"--only names {unknown}; settings: {', '.join(SETTINGS)}")
     root = pathlib.Path(args.root)
     for name in names:
-        code = run_setting(root, name, args.steps)
+        code = run_setting(root, name, args.steps, args.warmup_steps, args.emulate_cpu)
         print(f"{name}: exit {code}", flush=True)
     rows = compare({n: read_run(root / n, args.steps) for n in names})
     text = markdown(rows, names[0])

@@ -1,7 +1,7 @@
 """Regenerate the CPU-scale tables in docs/ from their grids: `make tables`.
 
     python -m experiments.make_tables [--root runs/tables] [--only sinks_cpu] [--no_run]
-        [--xla_flags=...]
+        [--xla_flags=...] [--cores=1]
 
 Each table in TABLES is a block of a docs page between `<!-- table:NAME begin -->` and
 `<!-- table:NAME end -->`. For each, the grid is run (resumable: finished runs are kept; one
@@ -12,10 +12,11 @@ they ran under, and the seeds each row holds. --no_run only summarises roots alr
 and its block says so (the seeds are those found, not those the command would run). A block
 whose runs come from several commits, hosts or XLA settings says so in bold.
 
-The grids train under `--xla_flags` (default experiments.cpu_pinning.PINNED: XLA's code for
-AVX2 at most, one compute thread), passed to every run as XLA_FLAGS and recorded in its
-record.json, so that x86 hosts with other vector units or core counts compute the same
-numbers (measured: docs/reproducibility.md); `--xla_flags=` trains as the host likes.
+The grids train under `--xla_flags` on `--cores` cores (defaults: experiments.cpu_pinning's
+PINNED and PINNED_CORES), passed to every run as XLA_FLAGS and a CPU affinity and recorded in
+its record.json, so that hosts with other vector units or core counts compute the same
+numbers (what was measured: docs/reproducibility.md); `--xla_flags= --cores=0` trains as the
+host likes.
 
     sinks_cpu  docs/sinks.md     the seven Table 4 rows of experiments/grids/sinks_cpu.py, seeds 0-2
     lr_cpu     docs/analysis.md  experiments/grids/lr_cpu.py shortened (batch 4, 200 steps),
@@ -248,16 +249,18 @@ def grid_command(name: str, grid_root: pathlib.Path) -> tuple[list[str], str]:
     return [*args, "--only", ",".join(spec["only"])], text
 
 
-def make(name: str, root: pathlib.Path, run: bool,
-         xla_flags: str = cpu_pinning.PINNED) -> None:
-    """Run a table's grid (its trainings under `xla_flags`), summarise it, rewrite its
-    block; with run=False only the last two, from the runs already under the root."""
+def make(name: str, root: pathlib.Path, run: bool, xla_flags: str = cpu_pinning.PINNED,
+         cores: int = cpu_pinning.PINNED_CORES) -> None:
+    """Run a table's grid (its trainings under `xla_flags`, on `cores` cores: 0 for all),
+    summarise it, rewrite its block; with run=False only the last two, from the runs already
+    under the root."""
     spec = TABLES[name]
     grid_root = root / name
     args, command = grid_command(name, grid_root)
     if run:
         subprocess.run([sys.executable, "-m", "experiments.run_grid", *args],
-                       cwd=REPO, check=False, env={**os.environ, "XLA_FLAGS": xla_flags})
+                       cwd=REPO, check=False, env={**os.environ, "XLA_FLAGS": xla_flags},
+                       preexec_fn=cpu_pinning.limit_cores(cores))
     result = summarize.summarize(grid_root)
     page = REPO / spec["page"]
     page.write_text(replace_block(page.read_text(), name,
@@ -275,6 +278,8 @@ def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
     flags.DEFINE_string("xla_flags", cpu_pinning.PINNED, "XLA_FLAGS the grids' runs train "
                         "under (recorded in each record.json); empty: the host's defaults.",
                         flag_values=flag_values)
+    flags.DEFINE_integer("cores", cpu_pinning.PINNED_CORES, "Cores the grids' runs may use "
+                         "(recorded); 0: all the host gives.", flag_values=flag_values)
     return flag_values
 
 
@@ -286,7 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         cli.error(f"--only names {sorted(unknown)}; tables: {', '.join(TABLES)}")
     for name in names:
-        make(name, pathlib.Path(args.root), run=not args.no_run, xla_flags=args.xla_flags)
+        make(name, pathlib.Path(args.root), run=not args.no_run, xla_flags=args.xla_flags,
+             cores=args.cores)
     return 0
 
 
