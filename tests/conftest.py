@@ -77,6 +77,10 @@ OPTIONAL = {
     "lm_eval": "EleutherAI's lm-evaluation-harness (pip install -e '.[harness]')",
     "ray": "Ray, which runs grids (pip install -e '.[ray]'; in '.[test]' too)",
     "psutil": "finds a test's trainer processes (installed with ray[default])",
+    "googleapiclient": "the GCP client Ray's cluster launcher checks TPU node types with "
+                       "(pip install -e '.[test]')",
+    "google_auth_httplib2": "the GCP client Ray's cluster launcher checks TPU node types with "
+                            "(pip install -e '.[test]')",
 }
 
 
