@@ -66,8 +66,23 @@ def prompt_tokens(tokenizer: Any, prompt: str, add_bos: bool) -> tuple[list[int]
     return ids, token_labels(tokenizer, ids)
 
 
+ALL_LAYERS_UP_TO = 4  # models this deep get every layer's map; deeper, first, middle, last
+
+
 def default_layers(num_layers: int) -> list[int]:
+    if num_layers <= ALL_LAYERS_UP_TO:
+        return list(range(num_layers))
     return sorted({0, num_layers // 2, num_layers - 1})
+
+
+def layers_caption(layers: Sequence[int], num_layers: int) -> str:
+    """Which layers a figure of attention maps draws, and why the others are not there."""
+    if list(layers) == list(range(num_layers)):
+        return f"all {num_layers} layers"
+    shown = ", ".join(str(i) for i in layers)
+    why = ("first, middle and last; --layers draws others"
+           if list(layers) == default_layers(num_layers) else "chosen with --layers")
+    return f"layers {shown} of {num_layers} ({why})"
 
 
 def stability_section(workdir: epath.Path, config: Any) -> dict[str, Any]:
@@ -99,6 +114,7 @@ def make_figures(out: pathlib.Path, result: dict[str, Any], maps: Any, labels: l
     from gated_attention.analysis import plots
 
     name = result["variant"]
+    num_layers = len(result["first_token_attention_per_layer"])
     figures = {
         "loss": plots.plot_loss_curves({name: train_series}, out / "loss.png"),
         "first_token_attention": plots.plot_per_layer(
@@ -109,7 +125,8 @@ def make_figures(out: pathlib.Path, result: dict[str, Any], maps: Any, labels: l
             f"{name}: massive activations per layer", log=True),
         "attention_maps": plots.plot_attention_map(
             {name: maps}, out / "attention_maps.png", result["attention_map_layers"],
-            tokens=labels),
+            tokens=labels, title="head-averaged attention, "
+            + layers_caption(result["attention_map_layers"], num_layers)),
     }
     if result["gate_histogram"] is not None:
         hist = result["gate_histogram"]
@@ -238,31 +255,42 @@ def main(argv: list[str]) -> None:
                          exclude_first_query=not FLAGS.include_first_query)
     except (errors.UserError, FileNotFoundError) as err:
         errors.fail(err)
+    print("\n".join(summary_lines(result)))
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    """What the command prints: one metric a line, and both held-out perplexities, each named
+    by the tokens it measured (the analysis windows here; training's packed eval batches)."""
     gate = result["gate_score_mean"]
-    print(f"{result['variant']} step {result['step']}: "
-          f"F-Attn {result['first_token_attention']:.3f} "
-          f"(query 0 {'excluded' if result['exclude_first_query'] else 'included'}), "
-          f"sink rate {result['sink_rate']:.2f}, M-Act {result['massive_activation']:.1f}, "
-          f"gate {'-' if gate is None else f'{gate:.3f}'}"
-          + perplexity_note(result)
-          + f". Written to {paths.resolve(result['workdir']) / ANALYSIS_DIR}")
-
-
-def perplexity_note(result: dict[str, Any]) -> str:
-    """The held-out perplexity of the analysis, with why it differs from training's last eval:
-    the two measure different held-out tokens (analysis windows vs the packed eval batches)."""
-    if "perplexity" not in result:
-        return ""
-    note = (f", held-out PPL {result['perplexity']:.2f} on {result['data']} "
-            f"({result.get('loss_tokens', '?')} tokens)")
+    query0 = "excluded" if result["exclude_first_query"] else "included"
+    rows = [
+        (f"F-Attn (attention on token 0, query 0 {query0})",
+         f"{result['first_token_attention']:.3f}"),
+        (f"sink rate (heads above {result.get('sink_threshold', 0.3):g} on token 0)",
+         f"{result['sink_rate']:.2f}"),
+        ("M-Act (mean over layers of max |layer output|)", f"{result['massive_activation']:.2f}"),
+        ("mean gate score", "- (no gate)" if gate is None else f"{gate:.3f}"),
+    ]
+    if "perplexity" in result:
+        tokens = result.get("loss_tokens")
+        rows.append(("held-out perplexity, this analysis",
+                     f"{result['perplexity']:.2f}  on "
+                     + (f"{tokens:,} tokens of " if isinstance(tokens, int) else "")
+                     + result["data"]))
     path = paths.resolve(result["workdir"]) / "summary.json"
     summary = json.loads(path.read_text()) if path.exists() else {}
     evaluation = summary.get("eval") or {}
     if "perplexity" in evaluation:
-        note += (f"; training's last eval (step {summary.get('steps', '?')}), "
-                 f"{evaluation['perplexity']:.2f}, measured other held-out tokens "
-                 "(train.eval_batches packed batches of train.batch_size)")
-    return note
+        rows.append(("held-out perplexity, training's last eval",
+                     f"{evaluation['perplexity']:.2f}  at step {summary.get('steps', '?')}, on "
+                     "its train.eval_batches packed batches"))
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{result['variant']} at step {result['step']}:"]
+    lines += [f"  {name:<{width}}  {value}" for name, value in rows]
+    if "perplexity" in result and "perplexity" in evaluation:
+        lines.append("  The two perplexities measure different held-out tokens, so they differ.")
+    lines.append(f"Written to {paths.resolve(result['workdir']) / ANALYSIS_DIR}")
+    return lines
 
 
 if __name__ == "__main__":

@@ -36,29 +36,28 @@ def emergence(points: Sequence[Mapping[str, Any]], uniform: float) -> list[int |
 
 def plot(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: pathlib.Path,
          uniform: float) -> None:
-    import matplotlib
+    from gated_attention.analysis.plots import LAYER_STYLES, _save, layer_legend, new_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    styles = ("-", "--", ":", "-.")
+    fig = new_figure((7, 4))
+    ax = fig.subplots()
+    layers = 0
     for colour, (label, points) in enumerate(runs.items()):
         if not points:
             continue
         steps = [p["step"] for p in points]
+        layers = max(layers, len(points[0]["f_attn_per_layer"]))
         for layer in range(len(points[0]["f_attn_per_layer"])):
             ax.plot(steps, [p["f_attn_per_layer"][layer] for p in points], marker="o",
-                    markersize=3, color=f"C{colour}", linestyle=styles[layer % len(styles)],
+                    markersize=3, color=f"C{colour}",
+                    linestyle=LAYER_STYLES[layer % len(LAYER_STYLES)],
                     label=f"{label}, layer {layer}")
-    ax.axhline(uniform, color="grey", linewidth=0.8, label="uniform attention")
-    ax.axhline(SINK_FACTOR * uniform, color="grey", linestyle=":", linewidth=0.8,
-               label=f"{SINK_FACTOR:g}x uniform")
+    levels = [ax.axhline(uniform, color="grey", linewidth=0.8, label="uniform attention"),
+              ax.axhline(SINK_FACTOR * uniform, color="grey", linestyle=":", linewidth=0.8,
+                         label=f"{SINK_FACTOR:g}x uniform")]
     ax.set(xlabel="training step", ylabel="F-Attn (attention on the first token)",
            title="The sink forming while training (telemetry)")
-    ax.legend(fontsize=7)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    layer_legend(ax, list(runs), layers, extra=levels)
+    _save(fig, path)
 
 
 def report_lines(folder: pathlib.Path, variants: Sequence[str], seq_len: int,

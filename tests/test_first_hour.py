@@ -135,7 +135,7 @@ def test_token_labels_show_special_and_whitespace_pieces():
     assert token_labels(Silent(), [934]) == ["<934>"]
 
 
-def test_a_log_axis_over_one_decade_has_plain_labels_at_1_2_5():
+def test_a_log_axis_over_one_decade_has_plain_labels_up_to_its_top():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -151,8 +151,9 @@ def test_a_log_axis_over_one_decade_has_plain_labels_at_1_2_5():
     shown = [(t.get_loc(), t.label1.get_text()) for t in ax.yaxis.get_major_ticks()
              if low <= t.get_loc() <= high]
     plt.close(fig)
-    # Within the limits (about 5.0 to 17.0): 6, 7, 8, 9, 10, each labelled as its value.
-    assert [label for _, label in shown] == ["6", "7", "8", "9", "10"]
+    # Within the limits (about 5.0 to 17.0): 6 to 10 and 15 (the top's 16.1 was unlabelled
+    # above 10), each labelled as its value.
+    assert [label for _, label in shown] == ["6", "7", "8", "9", "10", "15"]
     assert all(label == f"{loc:g}" for loc, label in shown)
 
 
@@ -177,19 +178,26 @@ def test_the_inspect_notebook_finds_a_run_in_the_folder_make_demo_writes(tmp_pat
 
 
 def test_analyze_says_why_its_perplexity_is_not_trainings(tmp_path):
-    from gated_attention.analyze import perplexity_note
+    from gated_attention.analyze import summary_lines
 
     (tmp_path / "summary.json").write_text(json.dumps({"steps": 300, "eval": {
         "loss": 3.676, "perplexity": 39.5}}))
     result = {"workdir": str(tmp_path), "perplexity": 37.0812, "loss_tokens": 4096,
-              "data": "held-out windows, one chunk per row from position 0"}
-    assert perplexity_note(result) == (
-        ", held-out PPL 37.08 on held-out windows, one chunk per row from position 0 (4096 "
-        "tokens); training's last eval (step 300), 39.50, measured other held-out tokens "
-        "(train.eval_batches packed batches of train.batch_size)")
+              "data": "held-out windows, one chunk per row from position 0", "variant": "g1",
+              "step": 300, "first_token_attention": 0.0331, "exclude_first_query": True,
+              "sink_rate": 0.0, "massive_activation": 4.87, "gate_score_mean": 0.438}
+    lines = summary_lines(result)
+    assert lines[0] == "g1 at step 300:"
+    assert [line.split()[-1] for line in lines[1:5]] == ["0.033", "0.00", "4.87", "0.438"]
+    assert lines[5].startswith("  held-out perplexity, this analysis") and lines[5].endswith(
+        "37.08  on 4,096 tokens of held-out windows, one chunk per row from position 0")
+    assert lines[6].startswith("  held-out perplexity, training's last eval") and lines[
+        6].endswith("39.50  at step 300, on its train.eval_batches packed batches")
+    assert lines[7] == "  The two perplexities measure different held-out tokens, so they differ."
     (tmp_path / "summary.json").unlink()
-    assert perplexity_note(result).endswith("(4096 tokens)")
-    assert perplexity_note({"workdir": str(tmp_path)}) == ""
+    assert not [line for line in summary_lines(result) if "training's" in line]
+    del result["perplexity"]
+    assert not [line for line in summary_lines(result) if "perplexity" in line]
 
 
 def test_the_demos_parallel_lines_say_which_run_they_come_from(tmp_path, capsys):
