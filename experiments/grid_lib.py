@@ -60,6 +60,34 @@ class GridError(UserError):
     """A grid, scale or run definition names something that does not exist."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """What one run reserves: whole TPU slices, or `hosts` hosts of `cpus` CPUs and `gpus` GPUs.
+
+    `tpu` is "<generation>:<topology>", e.g. "v5p:2x2x2" or "v6e:4x4" (one slice of that
+    shape per `num_slices`); without it a run takes `hosts` bundles of CPUs and GPUs, each on
+    its own node when there are several (a GPU node: `gpus` = its GPU count).
+    """
+
+    tpu: str = ""
+    num_slices: int = 1
+    hosts: int = 1
+    cpus: float = 1.0
+    gpus: float = 0.0
+
+    def check(self) -> None:
+        if self.tpu and not re.fullmatch(r"v[0-9a-z]+:[0-9]+(x[0-9]+)+", self.tpu):
+            raise GridError(f"--tpu={self.tpu!r} must be <generation>:<topology>, e.g. "
+                            "v5p:2x2x2 or v6e:4x4")
+        if self.num_slices < 1 or self.hosts < 1:
+            raise GridError(f"--num_slices={self.num_slices} and --hosts={self.hosts} must be "
+                            ">= 1")
+        if self.tpu and self.hosts != 1:
+            raise GridError("--hosts is for CPU/GPU runs; a TPU run's hosts follow from --tpu")
+        if self.cpus < 0 or self.gpus < 0:
+            raise GridError(f"--cpus={self.cpus} and --gpus={self.gpus} must be >= 0")
+
+
 def paper_tables() -> dict[str, Any]:
     return json.loads(PAPER_TABLES_FILE.read_text())
 

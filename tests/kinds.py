@@ -127,13 +127,11 @@ REGISTRY: dict[str, tuple[str, dict[str, str]]] = {
         "test_cli_refuses_an_unknown_gpu_in_one_line_before_compiling": "error_message",
         "test_tiny_train_step_compiles_for_8_gpus_of_2_hosts_with_triton_kernels": "smoke",
         "test_gpu_report_dump_and_verdicts": "golden"}),
-    "test_grid_slices": ("independent", {
-        "test_config_paths_are_recorded_relative_to_the_repository": "golden"}),
     "test_grids": ("golden", {
         "test_every_grid_loads_at_every_scale": "smoke",
         "test_paper_grids_cover_every_table_row": "independent",
         "test_bad_names_are_refused": "error_message",
-        "test_log_sync_copies_each_byte_once": "independent",
+        "test_a_log_copy_appends_each_byte_once": "independent",
         "test_every_tiny_run_is_a_valid_config": "smoke"}),
     "test_hf": ("independent", {
         "test_round_trip_is_bit_exact_and_sharded_folders_load": "two_paths",
@@ -226,6 +224,12 @@ REGISTRY: dict[str, tuple[str, dict[str, str]]] = {
         "test_cli_refuses_bad_input_in_one_line_before_compiling": "error_message",
         "test_report_dump_and_verdict": "golden"}),
     "test_progress_log": ("independent", {}),
+    "test_ray_grid": ("two_paths", {
+        "test_a_two_host_slice_runs_one_multi_process_job": "independent",
+        "test_a_code_failure_is_reported_with_its_log_tail_and_not_retried": "error_message",
+        "test_hosts_of_several_slices_get_the_multislice_settings": "golden",
+        "test_an_attempt_is_retried_only_when_a_host_was_lost_or_stopped_after_saving":
+            "golden"}),
     "test_records": ("golden", {
         "test_tables_are_rebuilt_from_records_with_command_commit_and_seeds": "independent"}),
     "test_reference_attention": ("independent", {
@@ -263,12 +267,6 @@ REGISTRY: dict[str, tuple[str, dict[str, str]]] = {
         "test_bad_task_settings_are_one_line_errors": "error_message",
         "test_sink_tiny_defaults_to_the_task": "golden",
         "test_sink_summary_of_a_two_row_grid": "golden"}),
-    "test_supervisor": ("golden", {
-        "test_bad_supervisor_flags_are_refused_in_one_line": "error_message",
-        "test_a_supervised_run_preempted_twice_finishes_by_itself_as_if_uninterrupted":
-            "two_paths",
-        "test_one_worker_killed_the_other_ends_with_its_stack_and_the_run_is_restarted":
-            "two_paths"}),
     "test_table5": ("golden", {
         "test_every_scale_is_defined": "smoke",
         "test_the_pass_key_grid_trains_and_scores_pass_keys": "smoke"}),

@@ -14,7 +14,6 @@ import pytest
 
 from experiments import run_grid
 from gated_attention import train_command
-from gated_attention.pods import supervisor
 
 ROOT = Path(__file__).resolve().parents[1]
 # Modules that still define flags on import, each with where that is to be fixed; the test
@@ -71,27 +70,6 @@ def test_the_argparse_check_sees_both_import_forms(tmp_path):
         assert imports_argparse(tmp_path / "m.py") is found, text
 
 
-# The supervisor as tpu_scripts/supervise.sh calls it: space-separated values, hyphenated names.
-SUPERVISE = ["--config", "pod.env", "--project", "p", "--zone", "z", "--tpu-name", "t",
-             "--queued", "false", "--bucket", "gs://b/x", "--max-restarts", "3", "--poll", "2",
-             "--active-timeout", "60", "--broken-grace", "5", "--extra-ssh-args", ""]
-
-
-def test_the_supervisors_command_lines_keep_their_spelling():
-    run = supervisor.parse_args([*SUPERVISE, "--max-polls", "4", "run", "--name", "r",
-                                 "--arch", "small", "--", "--config.train.steps=3"])
-    assert (run.subcommand, run.name, run.arch, run.variant, run.tpu_name) == (
-        "run", "r", "small", "baseline", "t")
-    assert (run.queued, run.poll, run.max_restarts, run.max_polls, run.extra_ssh_args,
-            run.dry_run) == (False, 2.0, 3, 4, "", False)
-    assert run.passthrough == ("--config.train.steps=3",)
-    grid = supervisor.parse_args([*SUPERVISE, "--dry-run", "grid", "--name", "g", "--grid",
-                                  "experiments/grids/smoke.py", "--claim", "--", "--seeds", "0"])
-    assert (grid.subcommand, grid.grid, grid.claim, grid.dry_run, grid.queued) == (
-        "grid", "experiments/grids/smoke.py", True, True, False)
-    assert grid.passthrough == ("--seeds", "0")
-
-
 def test_a_command_parses_afresh_on_each_call(capsys):
     """Flags on a FlagValues of each call's own: a second call is neither refused as a
     redefinition nor given the first call's values."""
@@ -112,15 +90,12 @@ def test_a_command_parses_afresh_on_each_call(capsys):
     (run_grid.main, ["a.py"], "flag --root=None: Flag --root must have a value"),
     (run_grid.main, ["a.py", "--root", "r", "--parallel", "two"], "flag --parallel=two: "),
     (run_grid.main, ["a.py", "--root", "r", "--dry-run"], "Unknown command line flag 'dry-run'"),
-    (supervisor.main, [*SUPERVISE, "grid", "--name", "g", "--grid", "x.py", "--arch", "a"],
-     "--arch is a flag of `run`, not of `grid`"),
-    (supervisor.main, [*SUPERVISE, "run", "--name", "r", "--claim"],
-     "--claim is a flag of `grid`, not of `run`"),
-    (supervisor.main, [*SUPERVISE, "grid", "--name", "g"], "grid needs --grid"),
-    (supervisor.main, [*SUPERVISE, "--name", "r"], "expected SUBCOMMAND, got none"),
-    (supervisor.main, [*SUPERVISE, "walk", "--name", "r"], "must be run or grid, not 'walk'"),
-    (supervisor.main, [*SUPERVISE, "run", "--name", "r", "--queued", "yes"],
-     "flag --queued=yes: value should be one of <true|false>"),
+    (run_grid.main, ["a.py", "--root", "r", "--tpu", "v5p-8"],
+     "--tpu='v5p-8' must be <generation>:<topology>, e.g. v5p:2x2x2 or v6e:4x4"),
+    (run_grid.main, ["a.py", "--root", "r", "--tpu", "v5p:2x2x2", "--hosts", "2"],
+     "--hosts is for CPU/GPU runs; a TPU run's hosts follow from --tpu"),
+    (run_grid.main, ["a.py", "--root", "r", "--max_retries", "-1"],
+     "--max_retries=-1 must be >= 0"),
     (train_command.main, ["--config=c", "--workdir=w", "--progress=maybe"],
      "flag --progress=maybe: value should be one of <true|false>"),
 ])
@@ -130,14 +105,14 @@ def test_bad_command_lines_are_one_line_naming_the_flag(capsys, main, argv, mess
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
-    assert err.startswith(("experiments.run_grid: error: ", "supervise: error: ",
+    assert err.startswith(("experiments.run_grid: error: ",
                            "gated_attention.train_command: error: ")), err
 
 
-def test_help_lists_the_flags_but_the_hidden_ones(capsys):
+def test_help_lists_the_flags(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        supervisor.main(["--help"])
+        run_grid.main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: supervise [flags] SUBCOMMAND\n\nKeep a run or a grid alive")
-    assert "--tpu-name: " in out and "--[no]claim: " in out and "max-polls" not in out
+    assert out.startswith("usage: experiments.run_grid [flags] GRID\n\nRun a grid as Ray work")
+    assert "--ray_address: " in out and "--max_retries: " in out and "--tpu: " in out

@@ -18,19 +18,21 @@ TABLES = grid_lib.paper_tables()
 
 # Stand-in for gated_attention.main / analyze: records each call, fails on request, writes the
 # files the real commands write (config.json; analysis/analysis.json with chosen metrics).
+# Its settings are in fake_env.json beside it (Ray's workers do not see the test's environment).
 FAKE = r'''
 import json, os, pathlib, sys
+env = json.loads(pathlib.Path(__file__).with_name("fake_env.json").read_text())
 args = dict(a[2:].split("=", 1) for a in sys.argv[2:] if a.startswith("--") and "=" in a)
 workdir = pathlib.Path(args["workdir"])
 with open(workdir.parent / "calls.txt", "a") as f:
     f.write(f"{sys.argv[1]} {workdir.name}\n")
-if args["variant"] in os.environ.get("FAIL_VARIANTS", "").split(","):
+if args["variant"] in env.get("FAIL_VARIANTS", "").split(","):
     sys.exit(3)
 workdir.mkdir(parents=True, exist_ok=True)
 if sys.argv[1] == "train":
     (workdir / "config.json").write_text(json.dumps({"variant": args["variant"]}))
 else:
-    m = json.loads(os.environ["FAKE_METRICS"])[args["variant"]]
+    m = json.loads(env["FAKE_METRICS"])[args["variant"]]
     (workdir / "analysis").mkdir(exist_ok=True)
     (workdir / "analysis" / "analysis.json").write_text(json.dumps({
         "perplexity": m[0], "first_token_attention": m[1], "massive_activation": m[2],
@@ -89,16 +91,31 @@ def _grid_file(tmp_path: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def test_runner_resumes_skips_and_survives_failures(tmp_path, monkeypatch, capsys):
+@pytest.fixture(scope="module")
+def local_ray():
+    """Ray on this machine, started once for the module (run_grid.main uses it)."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.needs("ray")
+def test_runner_resumes_skips_and_survives_failures(tmp_path, local_ray, capsys):
     fake = tmp_path / "fake.py"
+
+    def setenv(**values):
+        (tmp_path / "fake_env.json").write_text(json.dumps(values))
+
     fake.write_text(FAKE)
     root = tmp_path / "root"
     # Ours: PPL in the paper's order; F-Attn reversed; M-Act one swap.
     metrics = {"baseline": [30.0, 0.05, 10.0, None], "g1_sdpa_elementwise": [20.0, 0.30, 2.0, 0.4],
                "g1_sdpa_headwise": [25.0, 0.20, 3.0, 0.3],
                "g2_value_elementwise": [27.0, 0.10, 1.0, 0.2]}
-    monkeypatch.setenv("FAKE_METRICS", json.dumps(metrics))
-    monkeypatch.setenv("FAIL_VARIANTS", "g1_sdpa_headwise")
+    setenv(FAKE_METRICS=json.dumps(metrics), FAIL_VARIANTS="g1_sdpa_headwise")
     py = sys.executable
     argv = [str(_grid_file(tmp_path)), "--root", str(root), "--seeds", "0,1", "--parallel", "2",
             "--set", "train.steps=20",
@@ -123,7 +140,7 @@ def test_runner_resumes_skips_and_survives_failures(tmp_path, monkeypatch, capsy
     interrupted = {**done, "name": "tiny-baseline-s0", "state": "analysing", "trained": True}
     interrupted["train_command"] = status["tiny-baseline-s0"]["train_command"]
     status_file.write_text(json.dumps(interrupted))
-    monkeypatch.setenv("FAIL_VARIANTS", "")
+    setenv(FAKE_METRICS=json.dumps(metrics), FAIL_VARIANTS="")
     (root / "calls.txt").unlink()
     assert run_grid.main(argv) == 0
     calls = sorted((root / "calls.txt").read_text().splitlines())
@@ -158,133 +175,37 @@ def test_runner_resumes_skips_and_survives_failures(tmp_path, monkeypatch, capsy
         assert len(list(csv.DictReader(f))) == 8
 
 
-# Stand-in for main / analyze on a bucket root: the subprocess cannot see the test's fake
-# bucket, so it only records the workdir it was given (in $CALLS, a local file) and prints.
-FAKE_REMOTE = r"""
-import os, sys
-args = dict(a[2:].split("=", 1) for a in sys.argv[2:] if a.startswith("--") and "=" in a)
-with open(os.environ["CALLS"], "a") as f:
-    f.write(f"{sys.argv[1]} {args['workdir']}\n")
-print(f"{sys.argv[1]} output of {args['variant']}")
-if args["variant"] in os.environ.get("FAIL_VARIANTS", "").split(","):
-    print(f"boom in {args['variant']}", file=sys.stderr)
-    sys.exit(3)
-"""
+def test_a_log_copy_appends_each_byte_once(tmp_path, fake_bucket):
+    """A command's log goes to the root while it runs (whole lines) and at its end (the rest);
+    a second attempt's log is appended after the first's, never over it."""
+    from experiments.ray_grid import LogCopy
 
-
-def _tree(folder: pathlib.Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file()}
-
-
-def test_runner_on_a_bucket_root_writes_only_from_worker_0(tmp_path, fake_bucket, monkeypatch,
-                                                           capsys):
-    fake = tmp_path / "fake_remote.py"
-    fake.write_text(FAKE_REMOTE)
-    calls, spool = tmp_path / "calls.txt", tmp_path / "spool"
-    monkeypatch.setenv("CALLS", str(calls))
-    monkeypatch.setenv("FAIL_VARIANTS", "g1_sdpa_headwise")
-    monkeypatch.delenv("GATED_ATTENTION_WORKER_ID", raising=False)
-    monkeypatch.delenv("GATED_ATTENTION_MULTIHOST", raising=False)
-    py = sys.executable
-    argv = [str(_grid_file(tmp_path)), "--root", "gs://bucket/g", "--local_logs", str(spool),
-            "--set", "train.steps=20",
-            "--command", f"{py} {fake} train --workdir={{workdir}} --variant={{variant}}",
-            "--analyze_command", f"{py} {fake} analyze --workdir={{workdir}} "
-                                 "--variant={variant}"]
-    names = ["tiny-baseline-s0", "tiny-g1_sdpa_elementwise-s0", "tiny-g1_sdpa_headwise-s0",
-             "tiny-g2_value_elementwise-s0"]
-    bucket = fake_bucket / "bucket" / "g"
-
-    assert run_grid.main(argv) == 1
-    # Every command got the gs:// workdir as given, in grid order (one at a time).
-    expected = []
-    for name in names:
-        expected.append(f"train gs://bucket/g/{name}")
-        if name != "tiny-g1_sdpa_headwise-s0":
-            expected.append(f"analyze gs://bucket/g/{name}")
-    assert calls.read_text().splitlines() == expected
-    status = {p.stem: json.loads(p.read_text()) for p in (bucket / "_status").glob("*.json")}
-    assert sorted(status) == names
-    assert {n: s["state"] for n, s in status.items()} == {
-        "tiny-baseline-s0": "done", "tiny-g1_sdpa_elementwise-s0": "done",
-        "tiny-g1_sdpa_headwise-s0": "failed", "tiny-g2_value_elementwise-s0": "done"}
-    failed = status["tiny-g1_sdpa_headwise-s0"]
-    assert failed["error"] == "training exited with 3"
-    assert failed["log_tail"].splitlines()[-2:] == ["train output of g1_sdpa_headwise",
-                                                    "boom in g1_sdpa_headwise"]
-    assert "--workdir=gs://bucket/g/tiny-baseline-s0" in status["tiny-baseline-s0"][
-        "train_command"]
-    assert sorted(json.loads((bucket / "runs.json").read_text())["runs"]) == names
-    # Logs: written to the local spool while running, copied into the bucket at the end.
-    logs = bucket / "_logs"
-    assert sorted(p.name for p in logs.iterdir()) == sorted(
-        [f"{n}.train.log" for n in names]
-        + [f"{n}.analyze.log" for n in names if n != "tiny-g1_sdpa_headwise-s0"])
-    log = (logs / "tiny-baseline-s0.analyze.log").read_text()
-    assert log.startswith("\n### ") and log.endswith("\nanalyze output of baseline\n")
-    assert log.count("### ") == 1
-    local = spool / "gs_bucket_g" / "tiny-baseline-s0.analyze.log"
-    assert local.read_text() == log
-
-    # Worker 1 (from the environment, as on a pod) plans from the status files and runs
-    # exactly the training commands worker 0 will run (analysis is worker 0's alone),
-    # writing nothing into the root.
-    before = _tree(fake_bucket)
-    monkeypatch.setenv("FAIL_VARIANTS", "")
-    monkeypatch.setenv("GATED_ATTENTION_WORKER_ID", "1")
-    calls.unlink()
-    assert run_grid.main(argv) == 0
-    worker1_calls = calls.read_text().splitlines()
-    assert worker1_calls == ["train gs://bucket/g/tiny-g1_sdpa_headwise-s0"]
-    assert _tree(fake_bucket) == before
-    assert (spool / "gs_bucket_g" / "worker1" / "tiny-g1_sdpa_headwise-s0.train.log"
-            ).read_text().endswith("train output of g1_sdpa_headwise\n")
-    assert "worker 1: running the same commands" in capsys.readouterr().out
-
-    # Worker 0 again: the same training, then the analysis; the failed attempt's log is kept
-    # above the new one.
-    monkeypatch.delenv("GATED_ATTENTION_WORKER_ID")
-    calls.unlink()
-    assert run_grid.main(argv) == 0
-    assert calls.read_text().splitlines() == worker1_calls + [
-        "analyze gs://bucket/g/tiny-g1_sdpa_headwise-s0"]
-    assert all(json.loads((bucket / "_status" / f"{n}.json").read_text())["state"] == "done"
-               for n in names)
-    log = (logs / "tiny-g1_sdpa_headwise-s0.train.log").read_text()
-    assert log.count("### ") == 2 and log.count("train output of g1_sdpa_headwise") == 2
-    assert log.index("boom in g1_sdpa_headwise") < log.rindex("### ")
-    calls.unlink()
-    assert run_grid.main(argv) == 0 and not calls.exists()  # all done: nothing runs
-
-    # A pod's runs go one at a time: --parallel > 1 is refused on worker != 0 or multi-host.
-    for extra, env in [(["--worker", "2"], None), ([], "1")]:
-        if env:
-            monkeypatch.setenv("GATED_ATTENTION_MULTIHOST", env)
-        with pytest.raises(SystemExit) as exit_info:
-            run_grid.main(argv + ["--parallel", "2", *extra])
-        assert exit_info.value.code == 2
-        assert "must run one at a time" in capsys.readouterr().err
-    assert not calls.exists()
-
-
-def test_log_sync_copies_each_byte_once(tmp_path, fake_bucket):
-    local, remote = tmp_path / "spool" / "r.log", run_grid.paths.resolve("gs://bucket/l/r.log")
-    local.parent.mkdir()
     remote_file = fake_bucket / "bucket" / "l" / "r.log"
-    local.write_text("attempt 1\npart")
-    run_grid._sync_log(local, remote, final=False)  # while running: whole lines only
-    assert remote_file.read_text() == "attempt 1\n"
-    run_grid._sync_log(local, remote)
-    assert remote_file.read_text() == "attempt 1\npart"
-    run_grid._sync_log(local, remote)  # nothing new: nothing copied
+    remote_file.parent.mkdir(parents=True)
+    remote_file.write_text("attempt 1\nsaved\n")  # an earlier attempt's log
+    local = tmp_path / "spool" / "r.log"
+    local.parent.mkdir()
+    copy = LogCopy(local, "gs://bucket/l/r.log")
+    local.write_text("attempt 2\npart")
+    copy.copy(final=False)  # while running: whole lines only
+    assert remote_file.read_text() == "attempt 1\nsaved\nattempt 2\n"
+    copy.copy()
+    copy.copy()  # nothing new: nothing copied
     with open(local, "a") as f:
-        f.write("ial\nattempt 2\n")
-    run_grid._sync_log(local, remote)
-    assert remote_file.read_text() == "attempt 1\npartial\nattempt 2\n"
-    local.write_text("new spool\n")  # spool lost (a fresh machine): appended, not replaced
-    run_grid._sync_log(local, remote)
-    assert remote_file.read_text() == "attempt 1\npartial\nattempt 2\nnew spool\n"
+        f.write("ial\n")
+    copy.copy()
+    assert remote_file.read_text() == "attempt 1\nsaved\nattempt 2\npartial\n"
+
+
+def test_config_paths_are_recorded_relative_to_the_repository(tmp_path):
+    run = run_grid.grid_lib.grid_runs("experiments/grids/smoke.py", "tiny", [0])[0]
+    train_cmd, _ = run_grid.commands(run, tmp_path, "tiny", {})
+    (config,) = [a for a in train_cmd if a.startswith("--config=")]
+    assert config.startswith("--config=configs/ablation.py:arch=")
+    # a grid recorded by an older version (absolute path of another checkout) is the same
+    old = {"train_command": [a.replace("--config=configs/", "--config=/elsewhere/configs/")
+                             for a in train_cmd]}
+    run_grid.check_unchanged(tmp_path, run, train_cmd, old)
 
 
 def test_summary_of_a_bucket_root(tmp_path, fake_bucket, capsys):
