@@ -223,8 +223,8 @@ def end_failed_process(exit_code: int = 1) -> None:
     A normal exit runs jax.distributed's shutdown, which waits for every peer at a barrier;
     when this process failed because a peer died (a collective that lost its partner), that
     barrier waits for the dead peer until the coordination service's heartbeat gives up
-    (100 s by default), and a supervisor, which relaunches the job once no worker runs it,
-    waits as long. Here nothing is left to save (the run resumes from its last checkpoint),
+    (100 s by default), and whatever relaunches the job (a grid on Ray, JobSet) waits as
+    long. Here nothing is left to save (the run resumes from its last checkpoint),
     so the process ends at once, as the step watchdog ends a stuck one."""
     if jax.process_count() == 1:
         return

@@ -7,8 +7,8 @@ ends them eventually, with a C++ fatal error and no Python stack. This watchdog 
 sooner and says where they were: armed before the first step (`first_timeout`, which also
 covers the compile) and re-armed after every step of the loop (`timeout`, which covers the
 step, its evaluation and its checkpoint), it prints every thread's Python stack and exits
-with EXIT_CODE (75, "try again"), which the supervisor answers by launching again: the run
-resumes from its last checkpoint.
+with EXIT_CODE (75, "try again"), which a grid on Ray (experiments/ray_grid.py) answers by
+trying the run again, as JobSet restarts do on GKE: the run resumes from its last checkpoint.
 
 It runs in a Python thread; `faulthandler.dump_traceback_later` (a C thread, which also
 works while a C call holds the interpreter lock) backs it up 10 s later (exit code 1).

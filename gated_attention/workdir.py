@@ -31,8 +31,9 @@ from gated_attention.workdir_lock import LOCK_FILE, WorkdirLock
 
 CONFIG_FILE = "config.json"
 # Folders the pod tools write beside a run's own files, possibly before its first start: the
-# workers' logs (gated_attention.pods.worker_log) and the supervisor's event log. They do not
-# make a workdir someone else's.
+# workers' logs (gated_attention.pods.worker_log), and the event log of the pod supervisor
+# that earlier versions had (its runs may still hold one). They do not make a workdir
+# someone else's.
 POD_FOLDERS = ("logs", "supervisor")
 
 

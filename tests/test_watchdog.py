@@ -1,7 +1,7 @@
 """The step watchdog: a stuck step ends the process with every thread's stack and exit 75.
 
-The end-to-end case (one worker of two killed with kill -9, the other ended by its watchdog,
-the supervisor relaunching) is in tests/test_supervisor.py.
+Its exit code is one a grid on Ray retries (experiments/ray_grid.py: RETRY_EXITS, checked in
+tests/test_ray_grid.py).
 """
 
 import io

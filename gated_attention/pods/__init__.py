@@ -1,8 +1,6 @@
-"""Pods that run themselves: the supervisor that keeps a run or grid alive on spot TPU slices.
+"""Helpers for runs on pods. Keeping a run or a grid alive is an engine's job: Ray
+(experiments/run_grid.py) retries a grid's runs on other hosts, JobSet (through xpk on GKE)
+restarts a pod's jobs, SLURM requeues; docs/pods.md tells which to use where.
 
-- `cloud`: the gcloud calls and the parsing of queued-resource and TPU VM states;
-- `supervisor`: the loop (watch the slice, recreate, set up, relaunch, stop when done);
-- `events`: the supervisor's event log beside the run in the bucket;
-- `claims`: claims on grid runs that two slices cannot both win (object preconditions);
 - `worker_log`: runs a command on a worker and copies its log into the bucket as it goes.
 """
