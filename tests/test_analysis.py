@@ -260,4 +260,17 @@ def test_analyze_keeps_an_earlier_steps_analysis(tmp_path):
         "step": 10}
     with pytest.raises(FileNotFoundError, match="config.json"):
         analyze.analyze(tmp_path)
-    assert analyze.default_layers(1) == [0] and analyze.default_layers(4) == [0, 2, 3]
+
+
+
+@pytest.mark.reference("golden")
+def test_attention_maps_draw_every_layer_of_a_small_model_and_say_which_of_a_deep_one():
+    """A 4-layer model's maps showed layers 0, 2, 3 and never said why 1 was missing."""
+    from gated_attention import analyze
+
+    assert analyze.default_layers(1) == [0] and analyze.default_layers(4) == [0, 1, 2, 3]
+    assert analyze.default_layers(12) == [0, 6, 11]
+    assert analyze.layers_caption([0, 1, 2, 3], 4) == "all 4 layers"
+    assert analyze.layers_caption([0, 6, 11], 12) == (
+        "layers 0, 6, 11 of 12 (first, middle and last; --layers draws others)")
+    assert analyze.layers_caption([2, 5], 12) == "layers 2, 5 of 12 (chosen with --layers)"
