@@ -22,7 +22,11 @@ from gated_attention.errors import UserError
 # (key in a run row, title, digits): the metrics compared pair by pair.
 PAIRED_METRICS = (("eval_loss", "held-out loss", 4), ("ppl", "PPL", 3),
                   ("f_attn", "F-Attn", 3), ("sink_rate", "sink rate", 2),
-                  ("m_act", "M-Act", 2), ("gate", "gate score", 3))
+                  ("m_act", "M-Act", 2), ("gate", "gate score", 3),
+                  # the paper's benchmark columns (summarize.BENCHMARKS, percent), where run
+                  ("hellaswag", "HellaSwag", 2), ("mmlu", "MMLU", 2), ("gsm8k", "GSM8k", 2),
+                  ("ceval", "C-eval", 2))
+BENCHMARK_KEYS = frozenset({"hellaswag", "mmlu", "gsm8k", "ceval"})  # only where measured
 # Metrics read from analysis.json, or from the record's telemetry where a run has none
 # (summarize.telemetry_metrics): a pair is only formed from two runs measured the same way.
 SINK_KEYS = frozenset({"f_attn", "sink_rate", "m_act", "gate"})
@@ -138,7 +142,7 @@ def paired_rows(rows: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str,
                      for s in sorted(set(mine) | set(theirs))}
             seeds = [s for s, kind in kinds.items() if kind == "pair"]
             failed = [s for s, kind in kinds.items() if kind == "failed"]
-            if not seeds and not failed:
+            if not seeds and (not failed or key in BENCHMARK_KEYS):
                 continue
             diffs = [float(mine[s][key]) - float(theirs[s][key]) for s in seeds]
             result = paired_stats.paired(diffs + [None] * len(failed))

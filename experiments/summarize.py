@@ -59,6 +59,15 @@ METRICS = (  # (our key, paper key, column title)
     ("gate", "gate_score", "gate score"),
 )
 TABLE4 = "table4_sink_and_activation"
+# The paper's benchmark columns (Tables 1-3), from a run's lm-eval scores during training
+# (train.harness_tasks; record.json final.harness "<task>/<metric>", the first found), in
+# percent as the paper prints them: (our key, paper key, column title, lm-eval keys).
+BENCHMARKS = (
+    ("hellaswag", "hellaswag", "HellaSwag", ("hellaswag/acc_norm", "hellaswag/acc")),
+    ("mmlu", "mmlu", "MMLU", ("mmlu/acc",)),
+    ("gsm8k", "gsm8k", "GSM8k", ("gsm8k/exact_match,strict-match", "gsm8k/exact_match")),
+    ("ceval", "ceval", "C-eval", ("ceval-valid/acc", "ceval/acc")),
+)
 # The synthetic sink task's metrics (analysis.json "task", gated_attention/analysis/backcopy.py):
 # our key -> its key there.
 SINK_TASK_KEYS = {
@@ -180,7 +189,20 @@ def run_row(root: epath.Path, name: str, run: Mapping[str, Any],
     for ours, key, _ in METRICS:
         row[f"paper_{ours}"] = paper.get(key)
     row["paper_params_added_m"] = paper.get("added_params_millions")
+    row.update(benchmark_scores(((record or {}).get("final") or {}).get("harness") or {}))
+    for ours, key, _, _ in BENCHMARKS:
+        row[f"paper_{ours}"] = paper.get(key)
     return row
+
+
+def benchmark_scores(harness: Mapping[str, Any]) -> dict[str, float]:
+    """The paper's benchmark columns (percent) from a record's final lm-eval scores."""
+    out = {}
+    for ours, _, _, keys in BENCHMARKS:
+        found = [harness[k] for k in keys if isinstance(harness.get(k), (int, float))]
+        if found:
+            out[ours] = 100.0 * float(found[0])
+    return out
 
 
 def _mean_std(values: Sequence[Any]) -> tuple[float | None, float | None]:
@@ -211,7 +233,8 @@ def group_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                                                for m in members),
                              "lr_multiplier": first.get("lr_multiplier")}
         for key in ("ppl", "eval_ppl", "eval_loss", "train_loss", "f_attn", "sink_rate",
-                    "m_act", "gate", "spikes", "params_added_m", *SINK_TASK_KEYS):
+                    "m_act", "gate", "spikes", "params_added_m", *SINK_TASK_KEYS,
+                    *(b[0] for b in BENCHMARKS)):
             values = [m.get(key) for m in done]
             g[f"{key}_nonfinite"] = sum(v is not None and not math.isfinite(float(v))
                                         for v in values)
@@ -222,7 +245,7 @@ def group_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         g["diverged"] = sum(bool(m.get("diverged")) for m in done)
         g["sink_source"] = _sources([m.get("sink_source") for m in done])
         for key in ("paper_ppl", "paper_f_attn", "paper_m_act", "paper_gate",
-                    "paper_params_added_m"):
+                    "paper_params_added_m", *(f"paper_{b[0]}" for b in BENCHMARKS)):
             g[key] = first.get(key)
         out.append(g)
     return out
@@ -348,6 +371,7 @@ def markdown(root: epath.Path, manifest: Mapping[str, Any] | None,
         lines += ["", "Sink numbers from training telemetry (no analysis.json): "
                   + ", ".join(f"`{r['run']}` (step {r.get('sink_step', '?')})"
                               for r in telemetry) + "."]
+    lines += benchmarks_markdown(groups)
     lines += ["", *rankings_markdown(ranks)]
     if any(g.get("trigger_acc") is not None for g in groups):
         lines += ["", *sink_section(groups, rows)]
@@ -357,6 +381,23 @@ def markdown(root: epath.Path, manifest: Mapping[str, Any] | None,
         lines += [f"- `{r['run']}`: {r['state']}" + (f" ({r['error']})" if r["error"] else "")
                   for r in bad]
     return "\n".join(lines) + "\n"
+
+def benchmarks_markdown(groups: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The benchmark columns beside the paper's, for grids whose runs scored them."""
+    if not any(g.get(b[0]) is not None for g in groups for b in BENCHMARKS):
+        return []
+    head = " | ".join(f"{title} | paper {title}" for _, _, title, _ in BENCHMARKS)
+    lines = ["", "## Benchmarks (lm-eval, percent)", "",
+             "Ours: each run's last train.harness_tasks scores (mean ± standard error over "
+             "seeds); paper: Tables 1-3 of arXiv 2505.06708, at its scale and few-shot "
+             "settings (docs/evaluation.md).", "", f"| run | seeds | {head} |",
+             "|---|---|" + "---|---|" * len(BENCHMARKS)]
+    for g in groups:
+        cells = " | ".join(f"{_pm(g, ours, 2)} | {_fmt(g[f'paper_{ours}'], 2)}"
+                           for ours, _, _, _ in BENCHMARKS)
+        lines.append(f"| {g['label']} (`{g['group']}`) | {seeds_cell(g)} | {cells} |")
+    return lines
+
 
 def rankings_markdown(ranks: Sequence[Mapping[str, Any]]) -> list[str]:
     """The Rankings section: our tiers (≈ where the seeds cannot tell rows apart, and for

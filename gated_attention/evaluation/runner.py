@@ -109,11 +109,13 @@ def evaluate(lm: Any, request: TaskRequest, *, model_args: dict[str, Any] | None
 
 
 def headline(results: dict[str, Any]) -> dict[str, float]:
-    """{"<task>/<metric>": value} for every numeric metric (stderr left out)."""
+    """{"<task>/<metric>": value} for every numeric metric, stderr left out; a filter other
+    than lm-eval's "none" stays in the name ("gsm8k/exact_match,strict-match")."""
     out = {}
     for task, metrics in results.get("results", {}).items():
         for key, value in metrics.items():
             if "stderr" in key or not isinstance(value, (int, float)) or key == "alias":
                 continue
-            out[f"{task}/{key.split(',')[0]}"] = float(value)
+            name = key[:-len(",none")] if key.endswith(",none") else key
+            out[f"{task}/{name}"] = float(value)
     return out
