@@ -174,12 +174,10 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def plot(rows: Sequence[dict[str, Any]], path: pathlib.Path, title: str) -> str:
-    import matplotlib
+    from gated_attention.analysis.plots import _save, new_figure  # no pyplot: no backend
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS), 3.4))
+    fig = new_figure((4 * len(METRICS), 3.4))
+    axes = fig.subplots(1, len(METRICS))
     scaled = sorted((r["change"]["value"], r) for r in rows if r["change"]["kind"] == "scale")
     others = [r for r in rows if r["change"]["kind"] not in ("scale", "none")]
     base = next(r for r in rows if r["change"]["kind"] == "none")
@@ -194,10 +192,7 @@ def plot(rows: Sequence[dict[str, Any]], path: pathlib.Path, title: str) -> str:
         ax.set_title(LABELS[metric])
     axes[0].legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return str(path)
+    return _save(fig, path)
 
 
 def intervene(workdir: str | os.PathLike[str], changes: Sequence[Change], *, batches: int = 4,

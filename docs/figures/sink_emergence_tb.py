@@ -44,36 +44,34 @@ def scalars(tb_dir: pathlib.Path, prefix: str = "telemetry/") -> dict[str, list[
 
 def draw(root: pathlib.Path, prefixes: Sequence[str], seeds: Sequence[int],
          out: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    from gated_attention.analysis.plots import LAYER_STYLES, _save, layer_legend, new_figure
     from gated_attention.analysis.sink_report import uniform_first_token
     from gated_attention.telemetry_report import SINK_FACTOR
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    styles = ("-", "--", ":", "-.")
+    fig = new_figure((7, 4))
+    ax = fig.subplots()
+    most_layers = 0
     for colour, prefix in enumerate(prefixes):
-        for n, seed in enumerate(seeds):
+        for seed in seeds:
             tags = scalars(root / f"{prefix}-s{seed}" / "tb")
             layers = sorted(t for t in tags if t.rsplit("/", 1)[-1].startswith("layer")
                             and t.startswith("telemetry/f_attn/") and "_head" not in t)
+            most_layers = max(most_layers, len(layers))
             for layer, tag in enumerate(layers):
                 steps, values = zip(*tags[tag])
-                ax.plot(steps, values, color=f"C{colour}", linestyle=styles[layer % 4],
-                        marker="o", markersize=2.5, linewidth=1.0, alpha=0.9,
-                        label=f"{prefix.rsplit('-', 1)[-1]}, layer {layer}" if n == 0 else None)
+                ax.plot(steps, values, color=f"C{colour}",
+                        linestyle=LAYER_STYLES[layer % len(LAYER_STYLES)], marker="o",
+                        markersize=2.5, linewidth=1.0, alpha=0.9,
+                        label=f"{prefix.rsplit('-', 1)[-1]}, layer {layer}")
     uniform = uniform_first_token(SEQ_LEN)
-    ax.axhline(uniform, color="grey", linewidth=0.8, label="uniform attention")
-    ax.axhline(SINK_FACTOR * uniform, color="grey", linestyle=":", linewidth=0.8,
-               label=f"{SINK_FACTOR:g}x uniform")
+    levels = [ax.axhline(uniform, color="grey", linewidth=0.8, label="uniform attention"),
+              ax.axhline(SINK_FACTOR * uniform, color="grey", linestyle=":", linewidth=0.8,
+                         label=f"{SINK_FACTOR:g}x uniform")]
     ax.set(xlabel="training step", ylabel="F-Attn (attention on the first token)",
            title="Sink forming during training (TensorBoard telemetry, "
                  + ("seeds " if len(seeds) > 1 else "seed ") + ", ".join(map(str, seeds)) + ")")
-    ax.legend(fontsize=7)
-    fig.savefig(out, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    layer_legend(ax, [p.rsplit("-", 1)[-1] for p in prefixes], most_layers, extra=levels)
+    _save(fig, out)
 
 
 def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
