@@ -27,6 +27,9 @@ from absl import app, flags, logging
 from gated_attention import train_command
 
 VARIANTS = ("baseline", "g1_sdpa_elementwise")
+ANALYSIS_BATCHES, ANALYSIS_BATCH_SIZE = 4, 16  # held-out rows measured: 4 x 16 windows
+GENERATE_EXAMPLE = ("python -m gated_attention.generate --workdir={run} --prompt=\"The\" "
+                    "--max_new_tokens=40 --temperature=0.7 --top_p=0.9")
 FLAGS = flags.FLAGS
 
 
@@ -127,20 +130,15 @@ def _train_series(run_dir: pathlib.Path) -> list[tuple[int, float]]:
             if r.get("kind") == "train"]
 
 
-def analyze(workdir: pathlib.Path, overrides: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """model_statistics of each trained model on the same held-out rows."""
-    from gated_attention import train
-    from gated_attention.analysis.stats import model_statistics
-    from gated_attention.data import pipeline
+def analyze(workdir: pathlib.Path) -> dict[str, dict[str, Any]]:
+    """Each model's analysis (gated_attention.analyze: `<run>/analysis/`, what the notebooks
+    read) on the same held-out rows, with training's held-out loss beside it."""
+    from gated_attention import analyze as analyze_lib
 
-    config = demo_config(VARIANTS[0], overrides)
-    local = pipeline.load_local_data(config.data, config.model.vocab_size,
-                                     workdir / VARIANTS[0])
-    batches = pipeline.analysis_batches(local, config.data, 16, 4)
     results = {}
     for variant in VARIANTS:
-        model, run_config = train.load_params(workdir / variant)
-        stats = model_statistics(model, batches, exclude_first_query=True)
+        stats = analyze_lib.analyze(workdir / variant, batches=ANALYSIS_BATCHES,
+                                    batch_size=ANALYSIS_BATCH_SIZE)
         summary = json.loads((workdir / variant / "summary.json").read_text())
         stats["heldout_loss"] = summary["eval"]["loss"]
         stats["heldout_perplexity"] = summary["eval"]["perplexity"]
@@ -154,6 +152,7 @@ def write_report(workdir: pathlib.Path, results: dict[str, dict[str, Any]],
                  overrides: dict[str, Any], seconds: float,
                  extra_lines: list[str] | None = None) -> pathlib.Path:
     from gated_attention.analysis import plots
+    from gated_attention.analysis.sink_report import uniform_first_token
 
     series = {v: _train_series(workdir / v) for v in VARIANTS}
     plots.plot_loss_curves(series, workdir / "loss_curves.png")
@@ -165,7 +164,7 @@ def write_report(workdir: pathlib.Path, results: dict[str, dict[str, Any]],
                          "max |layer output|", "massive activation per layer", log=True)
     base, gated = results[VARIANTS[0]], results[VARIANTS[1]]
     seq_len = overrides["data.seq_len"]
-    uniform = sum(1.0 / i for i in range(2, seq_len + 1)) / (seq_len - 1)
+    uniform = uniform_first_token(seq_len)
 
     def row(name: str, key: str, fmt: str) -> str:
         values = [r.get(key) for r in (base, gated)]
@@ -228,11 +227,40 @@ def write_report(workdir: pathlib.Path, results: dict[str, dict[str, Any]],
         "--config.train.steps=20000 --config.data.add_bos=True",
         "```",
         "",
+        *look_further_lines(workdir, overrides["train.steps"]),
         *(extra_lines or []),
     ]
     path = workdir / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def look_further_lines(workdir: pathlib.Path, steps: int) -> list[str]:
+    """Where each model's analysis is, the notebooks that read it, and text from the gated
+    model (sampled: greedy decoding of a 100-step model repeats one piece, newlines here)."""
+    try:
+        shown = pathlib.Path(os.path.relpath(workdir))
+    except ValueError:  # another drive
+        shown = workdir
+    if shown.parts[:1] == ("..",):
+        shown = workdir
+    return [
+        "## Look further",
+        "",
+        f"Each model's analysis (figures and `analysis.json`, from `gated_attention.analyze`) "
+        f"is in its `analysis/` folder: `{shown / VARIANTS[0]}/analysis/`, "
+        f"`{shown / VARIANTS[1]}/analysis/`. `notebooks/compare_variants.ipynb` compares the "
+        "two (set GRID_ROOT to this folder) and `notebooks/inspect_model.ipynb` draws one "
+        "model's heads and gates.",
+        "",
+        f"Text from the gated model: greedy decoding of a model trained {steps} steps tends "
+        "to repeat one piece (at 100 steps, newlines), so sample:",
+        "",
+        "```",
+        GENERATE_EXAMPLE.format(run=shown / VARIANTS[1]),
+        "```",
+        "",
+    ]
 
 
 def train_and_report_sinks(workdir: pathlib.Path, parallel: bool) -> list[str]:
@@ -284,7 +312,7 @@ def main(argv: list[str]) -> None:
           f"{' in parallel' if parallel else ''} ...", flush=True)
     train_both(workdir, overrides, parallel, FLAGS.overwrite)
     print("Measuring both models on held-out text ...", flush=True)
-    results = analyze(workdir, overrides)
+    results = analyze(workdir)
     sink_lines = train_and_report_sinks(workdir, parallel) if FLAGS.sinks else []
     report = write_report(workdir, results, overrides, time.perf_counter() - start, sink_lines)
     print(f"Report: {report}")

@@ -7,7 +7,9 @@ Works for every variant (gates, MoE and all): the model's own forward pass runs 
 tokens only, with each layer's keys and values kept in layers/kv_cache.py. Prompts of
 different lengths are left-padded (their pads never attend or get attended to). Sampling is
 greedy (temperature 0), or softmax(logits / temperature) restricted to the smallest set of
-tokens whose probability reaches top_p (nucleus sampling).
+tokens whose probability reaches top_p (nucleus sampling). A continuation that shows nothing
+(no tokens, only whitespace, one short piece repeated: what greedy decoding of an
+under-trained model writes) gets a note on stderr saying so and what to try.
 
     decoder = Decoder(model, batch=1, max_len=128)
     logits, caches = decoder.prefill(tokens, positions)      # logits of the last position
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import pathlib
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -189,6 +192,52 @@ def streaming_logits(model: Transformer, tokens: np.ndarray | jax.Array, *, evic
 
 # ------------------------------------ command line ------------------------------------
 
+SHORTEST_LOOP = 8  # continuations this long or longer are checked for a repeated piece
+LONGEST_PERIOD = 4  # a loop of up to this many tokens counts as "one piece repeated"
+
+
+def degenerate(new_ids: Sequence[int], text: str) -> str:
+    """Why a continuation shows nothing a reader can use ('' when it does): no tokens before
+    the end-of-text token, only whitespace, or one piece of up to LONGEST_PERIOD tokens
+    repeated over its second half. Greedy decoding of an under-trained model does all three
+    (a 100-step model continued "The" with 40 newlines)."""
+    ids = [int(i) for i in new_ids]
+    if not ids:
+        return "the model ended the text at once (end-of-text token)"
+    if not text.strip():
+        return "the continuation is only whitespace"
+    tail = ids[len(ids) // 2:]
+    if len(ids) >= SHORTEST_LOOP and any(
+            all(tail[i] == tail[i % period] for i in range(len(tail)))
+            for period in range(1, LONGEST_PERIOD + 1)):
+        return "the continuation repeats one short piece"
+    return ""
+
+
+def continuation(new: np.ndarray, tokenizer: Any, *, ignore_eos: bool, temperature: float
+                 ) -> tuple[str, str]:
+    """(the new tokens' text, cut at the first end-of-text token unless `ignore_eos`; a note
+    saying why it shows nothing and what to try, or '')."""
+    eos = np.flatnonzero(new == tokenizer.eos_id)
+    if eos.size and not ignore_eos:
+        new = new[: eos[0]]
+    text = tokenizer.decode([int(i) for i in new])
+    reason = degenerate(new, text)
+    return text, degenerate_note(reason, temperature) if reason else ""
+
+
+def degenerate_note(reason: str, temperature: float) -> str:
+    """The note printed under a degenerate continuation: what it means and what to try."""
+    if temperature <= 0:
+        advice = ("greedy decoding (--temperature=0, the default) of a model this under-trained "
+                  "picks its most common piece again and again; sample instead, e.g. "
+                  "--temperature=0.7 --top_p=0.9, ")
+    else:
+        advice = "the model has not learned enough to write yet; "
+    return (f"note: {reason}: {advice}or use a model trained longer (`make demo`'s text "
+            "models trained 100 steps)")
+
+
 def load_for_generation(workdir: str = "", hf_dir: str = "") -> tuple[Transformer, Any, Any]:
     """(model, run config, tokenizer) of a run's workdir or of a Hugging Face folder."""
     if bool(workdir) == bool(hf_dir):
@@ -244,10 +293,11 @@ def main(argv: list[str]) -> None:
                        evict_window=FLAGS.evict_window, keep_first=FLAGS.keep_first)[0]
     except UserError as err:
         errors.fail(err)
-    eos = np.flatnonzero(new == tokenizer.eos_id)
-    if eos.size and not FLAGS.ignore_eos:
-        new = new[: eos[0]]
-    print(FLAGS.prompt + tokenizer.decode([int(i) for i in new]))
+    text, note = continuation(new, tokenizer, ignore_eos=FLAGS.ignore_eos,
+                              temperature=FLAGS.temperature)
+    print(FLAGS.prompt + text)
+    if note:
+        print(note, file=sys.stderr)
 
 
 def define_flags() -> None:

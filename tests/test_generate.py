@@ -123,3 +123,33 @@ def test_a_scanned_model_generates_what_its_per_layer_twin_generates():
     prompts = [[5, 6, 7], [9, 10, 11]]
     np.testing.assert_array_equal(gen.generate(scanned, prompts, 4),
                                   gen.generate(twin, prompts, 4))
+
+
+@pytest.mark.reference("golden")
+def test_a_continuation_that_shows_nothing_says_so_and_what_to_try():
+    """Greedy decoding of the demo's 100-step model continued "The" with 40 newlines and no
+    word about it. Byte tokens: each id is a character, so the cases are written as text."""
+    from gated_attention.data.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+
+    def ids(text: str) -> np.ndarray:
+        return tok.encode([text])[0]
+
+    text, note = gen.continuation(ids("\n" * 40), tok, ignore_eos=False, temperature=0.0)
+    assert text == "\n" * 40
+    assert note.startswith("note: the continuation is only whitespace: greedy decoding")
+    assert "--temperature=0.7 --top_p=0.9" in note
+    _, note = gen.continuation(ids(" \n\t "), tok, ignore_eos=False, temperature=0.7)
+    assert "only whitespace" in note and "--temperature=0.7" not in note  # it sampled already
+    _, note = gen.continuation(ids("the " * 10), tok, ignore_eos=False, temperature=0.0)
+    assert "repeats one short piece" in note  # a loop of 4 tokens
+    eos_first = np.concatenate([[tok.eos_id], ids("text after the end")])
+    text, note = gen.continuation(eos_first, tok, ignore_eos=False, temperature=0.0)
+    assert text == "" and "ended the text at once" in note
+    # Text that reads as text: printed as it is, with no note; cut at the end-of-text token.
+    words = np.concatenate([ids("Return the rgetigce of of the"), [tok.eos_id], ids("zz")])
+    assert gen.continuation(words, tok, ignore_eos=False, temperature=0.7) == (
+        "Return the rgetigce of of the", "")
+    assert gen.continuation(words, tok, ignore_eos=True, temperature=0.7)[0].endswith("zz")
+    assert gen.degenerate(ids("abcabcabcabd"), "abcabcabcabd") == ""  # the loop breaks
