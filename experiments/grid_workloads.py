@@ -3,7 +3,7 @@ tpu_scripts/gke_launch.sh --grid submits one xpk workload per line and Kueue que
 (no controller of ours decides what runs when).
 
     python -m experiments.grid_workloads experiments/grids/table1.py --root gs://b/grids/t1 \
-        [--scale tiny] [--seeds 0,1]
+        [--scale tiny] [--seeds 0,1] [--only NAME,...]
 
 prints, per run, its name (its folder under --root) and its training flags, shell-quoted:
 `NAME CONFIG_SPEC --config.key=value ...`. The runs, names and overrides are the grid's own
@@ -26,10 +26,20 @@ CONFIG_ARG = "configs/ablation.py"
 CLI = cli_flags.Command("experiments.grid_workloads", __doc__, positional=("grid",))
 
 
-def run_lines(grid: str, root: str, scale: str, seeds: Sequence[int]) -> list[str]:
-    """`NAME CONFIG_SPEC FLAG...` for every run of the grid file `grid`."""
+def run_lines(grid: str, root: str, scale: str, seeds: Sequence[int],
+              only: Sequence[str] = ()) -> list[str]:
+    """`NAME CONFIG_SPEC FLAG...` for every run of the grid file `grid` (those named in
+    `only`, if given)."""
+    runs = grid_lib.grid_runs(grid, scale, seeds)
+    unknown = sorted(set(only) - {run.name for run in runs})
+    if unknown:
+        raise grid_lib.GridError(f"--only names runs the grid does not hold: "
+                                 f"{', '.join(unknown)}; its runs: "
+                                 f"{', '.join(run.name for run in runs)}")
     lines = []
-    for run in grid_lib.grid_runs(grid, scale, seeds):
+    for run in runs:
+        if only and run.name not in only:
+            continue
         overrides = grid_lib.run_overrides(run, scale)
         flags_ = [flag.replace("{root}", root.rstrip("/"))
                   for flag in train_command.override_flags(overrides)]
@@ -45,6 +55,8 @@ def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
                         flag_values=flag_values)
     flags.DEFINE_string("seeds", "0", "Comma-separated seeds, e.g. 0,1,2.",
                         flag_values=flag_values)
+    flags.DEFINE_string("only", "", "Comma-separated run names to list.",
+                        flag_values=flag_values)
     flags.mark_flag_as_required("root", flag_values=flag_values)
     return flag_values
 
@@ -56,7 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         CLI.error(f"--seeds={args.seeds!r} must be comma-separated integers")
     try:
-        lines = run_lines(args.grid, args.root, args.scale, seeds)
+        only = [name for name in args.only.split(",") if name.strip()]
+        lines = run_lines(args.grid, args.root, args.scale, seeds, only)
     except grid_lib.GridError as err:
         CLI.error(str(err))
     print("\n".join(lines))

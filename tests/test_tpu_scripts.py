@@ -533,6 +533,14 @@ def test_gke_launch_grid_submits_one_workload_per_run_in_the_grids_folders(tmp_p
                         "--progress=false", *flags, "--config.train.steps=10"]
     seeds = {r[0].rsplit("-", 1)[1] for r in runs}
     assert seeds == {"s0", "s1"} and len(preflight_calls(stand_ins)) == len(runs) // 2
+    (only,) = dry_run(tmp_path, "gke_launch.sh", "--grid", "experiments/grids/table3.py",
+                      "--name", "t3", "--seeds", "0,1", "--only", runs[1][0], "--image", "i:1",
+                      "--no-preflight")
+    assert f"--workdir=gs://bkt/ga/grids/t3/{runs[1][0]}" in remote_command_text(only)
+    unknown = run("gke_launch.sh", "--grid", "experiments/grids/table3.py", "--name", "t3",
+                  "--only", "nope", "--config", str(write_settings(tmp_path)), "--dry-run")
+    assert unknown.returncode == 2 and "--only names runs the grid does not hold: nope" in \
+        unknown.stderr and unknown.stdout == ""
 
 
 def test_gke_launch_refuses_bad_settings_and_skips_the_preflight_when_asked(tmp_path, stand_ins):

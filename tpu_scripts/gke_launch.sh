@@ -6,7 +6,8 @@
 #   tpu_scripts/gke_launch.sh --name NAME [--arch ARCH] [--variant VARIANT] [--image IMAGE]
 #       [--no-preflight] [--config PATH] [--dry-run] [-- --config.train.steps=1000 ...]
 #   tpu_scripts/gke_launch.sh --grid experiments/grids/FILE.py --name NAME [--scale tiny]
-#       [--seeds 0,1] [--image IMAGE] [--no-preflight] [...] [-- flags for every run]
+#       [--seeds 0,1] [--only RUN,...] [--image IMAGE] [--no-preflight] [...]
+#       [-- flags for every run]
 # A run's workdir is $BUCKET/runs/NAME; a grid's runs are $BUCKET/grids/NAME/<run name>, as
 # experiments.run_grid names them. Settings (pod.env): PROJECT, ZONE, BUCKET, TPU_NAME
 # (prefixes each workload's name), TPU_TYPE as xpk names it (v5p-128, v6e-256, tpu7x-128),
@@ -26,8 +27,8 @@
 source "$(cd "${BASH_SOURCE[0]%/*}" && pwd)/common.sh"
 parse_common_flags "$@"
 FLAG_name="" FLAG_arch="tiny" FLAG_variant="baseline" FLAG_no_preflight=0 FLAG_image=""
-FLAG_grid="" FLAG_scale="tiny" FLAG_seeds="0"
-parse_flags name arch variant no-preflight! image grid scale seeds
+FLAG_grid="" FLAG_scale="tiny" FLAG_seeds="0" FLAG_only=""
+parse_flags name arch variant no-preflight! image grid scale seeds only
 load_settings
 require BUCKET TPU_TYPE GKE_CLUSTER
 check_name --name "$FLAG_name"
@@ -59,7 +60,8 @@ if [[ -n "$FLAG_grid" ]]; then
   root="${BUCKET%/}/grids/$FLAG_name"
   listing="$(cd "$REPO_ROOT" && PYTHONPATH="$REPO_ROOT" "$LOCAL_PYTHON" -m \
     experiments.grid_workloads "$FLAG_grid" --root "$root" --scale "$FLAG_scale" \
-    --seeds "$FLAG_seeds")" || die "the grid $FLAG_grid could not be listed (error above)"
+    --seeds "$FLAG_seeds" --only "$FLAG_only")" ||
+    die "the grid $FLAG_grid could not be listed (error above)"
   mapfile -t runs <<<"$listing"
 else
   root="${BUCKET%/}/runs"
