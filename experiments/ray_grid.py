@@ -123,13 +123,12 @@ def _on_bundle(reservation: Reservation, index: int) -> dict[str, Any]:
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def _probe(want_port: bool) -> dict[str, Any]:
-    """Where a bundle landed: node IP and id, TPU worker number, and a free port (host 0)."""
-    port = None
-    if want_port:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
+def _probe() -> dict[str, Any]:
+    """Where a bundle landed: node IP and id, TPU worker number, and a free port there (the
+    coordinator's, should this host be process 0)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
     labels = ray.get_runtime_context().get_node_labels() or {}
     worker = labels.get("ray.io/tpu-worker-id", "")
     return {"ip": ray.util.get_node_ip_address(), "node": ray.get_runtime_context().get_node_id(),
@@ -242,7 +241,12 @@ def run_command(cmd: Sequence[str], env: Mapping[str, str], log: pathlib.Path, r
                                 env={**os.environ, **env}, start_new_session=True,
                                 preexec_fn=_die_with_parent)
         try:
-            rc = proc.wait()
+            while True:  # wake up every second: Ray's cancel arrives between two bytecodes
+                try:
+                    rc = proc.wait(timeout=1.0)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
         except BaseException:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -300,8 +304,9 @@ def classify(results: Sequence[int | BaseException | None]) -> Outcome:
         return Outcome("retry", f"host lost ({type(lost[0]).__name__})", exits)
     if bad:
         return Outcome("failed", f"training exited with {bad[0]}", exits)
-    if any(c in RETRY_EXITS for c in codes):
-        return Outcome("retry", f"stopped after saving (exit {max(codes)})", exits)
+    if any(c in RETRY_EXITS for c in codes) or None in results:
+        why = f"exit {max(codes)}" if codes and max(codes) else "cancelled"
+        return Outcome("retry", f"stopped after saving ({why})", exits)
     return Outcome("done", "", exits)
 
 
@@ -392,7 +397,7 @@ def guard(workdir: str, wait_s: float = GUARD_WAIT_S):
 def attempt(reservation: Reservation, cmd: Sequence[str], log_name: str, root: str,
             header: str, repo: str, workdir: str) -> Outcome:
     """Start the command on every host of `reservation` and wait for all of them."""
-    probes = ray.get([_probe.options(**_on_bundle(reservation, i)).remote(i == 0)
+    probes = ray.get([_probe.options(**_on_bundle(reservation, i)).remote()
                       for i in range(reservation.bundles)])
     envs = host_envs(probes, reservation.hosts_per_slice)
     rank = [int(e.get("JAX_PROCESS_ID", 0)) for e in envs]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ast
 import concurrent.futures
+import contextlib
 import json
 import os
 import pathlib
@@ -151,6 +152,12 @@ def _tail(path: paths.PathLike, lines: int = 20) -> str:
     return "\n".join(path.read_bytes().decode(errors="replace").splitlines()[-lines:])
 
 
+def project_dir() -> str:
+    """Where the commands run (they name configs/ relative to it): this checkout, else the
+    folder the driver was started in (an installed wheel, configs/ beside it on a cluster)."""
+    return os.fspath(REPO_ROOT if (REPO_ROOT / "configs").is_dir() else pathlib.Path.cwd())
+
+
 def execute(run: grid_lib.Run, root: epath.Path, train_cmd: list[str],
             analyze_cmd: list[str] | None, placement: Any, max_retries: int,
             previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -188,7 +195,7 @@ def execute(run: grid_lib.Run, root: epath.Path, train_cmd: list[str],
                     try:
                         outcome = ray_grid.attempt(reservation, cmd, log_name, os.fspath(root),
                                                    f"{run.name} attempt {status['attempts']}",
-                                                   os.fspath(REPO_ROOT), workdir)
+                                                   project_dir(), workdir)
                     finally:
                         reservation.release()
                     if ray_grid.STOPPING.is_set() and outcome.kind == "retry":
@@ -296,13 +303,20 @@ def _plan(args: Any) -> list[tuple[grid_lib.Run, list[str], list[str] | None]]:
     return plan
 
 
-def _stop_on_sigterm() -> None:
-    """SIGTERM to the driver (`ray job stop`, a preempted head) stops the grid as Ctrl-C does:
-    every running trainer gets SIGTERM, saves, and is waited for."""
+@contextlib.contextmanager
+def _stop_on_sigterm():
+    """While the grid runs, SIGTERM to the driver (`ray job stop`, a preempted head) stops it
+    as Ctrl-C does: every running trainer gets SIGTERM, saves, and is waited for."""
     from experiments import ray_grid
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: ray_grid.stop_all())
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: ray_grid.stop_all())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -336,8 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           flush=True)
     if not todo:
         return 0
-    with ray_grid.connected(args.ray_address):
-        _stop_on_sigterm()
+    with ray_grid.connected(args.ray_address), _stop_on_sigterm():
         failed = []
         workers = args.parallel or len(todo)
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:

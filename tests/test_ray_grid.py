@@ -227,10 +227,10 @@ def test_a_two_host_slice_runs_one_multi_process_job(cluster):
 def test_hosts_of_several_slices_get_the_multislice_settings():
     """Two slices of two hosts: jax.distributed's settings rank the hosts slice by slice, in
     TPU worker order, and MEGASCALE_* name slice 0's first host as the coordinator."""
-    probes = [{"ip": "10.0.0.3", "tpu_worker": 1, "port": None},
+    probes = [{"ip": "10.0.0.3", "tpu_worker": 1, "port": 8471},
               {"ip": "10.0.0.2", "tpu_worker": 0, "port": 8476},
-              {"ip": "10.0.1.2", "tpu_worker": 0, "port": None},
-              {"ip": "10.0.1.3", "tpu_worker": 1, "port": None}]
+              {"ip": "10.0.1.2", "tpu_worker": 0, "port": 8472},
+              {"ip": "10.0.1.3", "tpu_worker": 1, "port": 8473}]
     envs = ray_grid.host_envs(probes, hosts_per_slice=2)
     assert [e["JAX_PROCESS_ID"] for e in envs] == ["1", "0", "2", "3"]
     assert {e["JAX_COORDINATOR_ADDRESS"] for e in envs} == {"10.0.0.2:8476"}
@@ -242,7 +242,7 @@ def test_hosts_of_several_slices_get_the_multislice_settings():
 
 @pytest.mark.parametrize("results, kind", [
     ([0, 0], "done"), ([143, None], "retry"), ([75], "retry"), ([0, 1], "failed"),
-    ([2], "failed"), ([None, "lost"], "retry")])
+    ([2], "failed"), ([None, "lost"], "retry"), ([None, None], "retry")])
 def test_an_attempt_is_retried_only_when_a_host_was_lost_or_stopped_after_saving(results,
                                                                                   kind):
     import ray
