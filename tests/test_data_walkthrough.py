@@ -1,9 +1,10 @@
 """docs/c4_on_v5p.md, run block by block as a user would, with stand-ins where a cloud is
 needed: `gcloud` (records its arguments; `storage cp` copies into a local bucket folder),
-`gcsfuse` (links the mount point to that folder), `tfds` (builds a tiny dataset instead of C4)
+`gcsfuse` (links the mount point to that folder), `tfds` (builds a tiny dataset instead of C4),
+`xpk` and `docker` (record their arguments; tests/test_gke_launch.py runs xpk's own dry run)
 and `jupyter` (records what it was asked to execute; test_notebooks executes that notebook on
 a real grid). The settings block gets local values for the mount, tokenizer and dataset; all
-other blocks run verbatim. The real gcloud is never called."""
+other blocks run verbatim. The real gcloud, xpk and docker are never called."""
 
 import json
 import os
@@ -71,7 +72,8 @@ def _stand_ins(folder: Path) -> None:
               'fi\nexec "$PYTHON" "$@"\n')
     for name, body in (("gcloud", GCLOUD), ("gcsfuse", GCSFUSE), ("tfds", TFDS),
                        ("jupyter", JUPYTER), ("python", python), ("sudo", RECORDED),
-                       ("curl", RECORDED), ("lsb_release", RECORDED)):
+                       ("curl", RECORDED), ("lsb_release", RECORDED), ("xpk", RECORDED),
+                       ("docker", RECORDED)):
         path = folder / name
         path.write_text(body)
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
@@ -113,7 +115,8 @@ def test_every_command_of_the_walkthrough_runs(tmp_path):
     env = {**os.environ, "PATH": f"{bins}:{os.environ['PATH']}", "STORE": str(store),
            "STANDIN_LOG": str(log), "PYTHON": sys.executable, "TESTS": str(TESTS),
            "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path), "HOME": str(home),
-           "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "GATED_ATTENTION_PYTHON": str(bins / "python")}
+           "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "GATED_ATTENTION_PYTHON": str(bins / "python"),
+           "GATED_ATTENTION_BUILD_ROOT": str(tmp_path / "build")}
     data = store / "my-bucket" / "gated_attention"
     for i, block in enumerate(found[1:], start=1):
         if "experiments.summarize" in block:
@@ -128,14 +131,21 @@ def test_every_command_of_the_walkthrough_runs(tmp_path):
         == 64 and manifest["splits"]["train"]["documents"] == len(corpus)
     assert (data / "tokenizer" / "tokenizer.json").read_text() == Path(tokenizer_json).read_text()
     calls = log.read_text()
-    assert "gcloud compute tpus queued-resources create ga-c4" in calls
-    launch = [line for line in calls.splitlines() if "experiments.run_grid" in line]
-    assert len(launch) == 1 and "--set\\ data.source=array_record" in launch[0]
-    assert f"data.paths={tmp_path}/mnt/my-bucket/gated_attention/c4_shards" in launch[0]
-    assert "gcloud compute tpus queued-resources delete ga-c4" in calls
+    assert "xpk cluster create --cluster=ga-c4" in calls
+    assert f"--mount-point={tmp_path}/mnt/my-bucket" in calls  # the bucket in every pod
+    # one workload per run, each its run's own workdir under the grid's root, from one image
+    launch = [line for line in calls.splitlines() if line.startswith("xpk workload create")]
+    assert len(launch) == 2 and all("--config.data.source=array_record" in line
+                                    for line in launch)
+    for run, line in zip(RUNS, launch, strict=True):
+        assert f"--workdir=gs://my-bucket/gated_attention/grids/c4/{run}" in line
+        assert f"data.paths={tmp_path}/mnt/my-bucket/gated_attention/c4_shards" in line
+    images = {word for line in launch for word in line.split() if "--docker-image=" in word}
+    assert len(images) == 1 and "docker push" in calls
+    assert "xpk cluster delete --cluster=ga-c4" in calls
     assert "sudo apt-get install -y fuse gcsfuse" in calls  # the mount's set-up, recorded
     preflights = [line for line in calls.splitlines() if line.startswith("preflight")]
-    assert len(preflights) >= 4  # the page's two, then launch_grid's own before the launch
+    assert len(preflights) >= 4  # the page's two, then gke_launch's own before the launch
     assert all("--accelerator=v5p-64" in line or "v5p-64" in line for line in preflights)
     assert all("fsdp=32" in line for line in preflights), preflights
     assert f"jupyter execute notebooks/compare_variants.ipynb GRID_ROOT={tmp_path}/mnt/" \
@@ -158,8 +168,8 @@ def test_the_launched_runs_are_valid_configs_on_the_prepared_shards(tmp_path, va
     prep.data.update(dict(source="files", paths=str(tmp_path / "c.jsonl"), tokenizer="hf",
                           tokenizer_path=str(tmp_path / "tokenizer.json"), eval_fraction=0.3))
     prepare.prepare(prep, str(tmp_path / "shards"), num_shards=2)
-    block = next(b for b in blocks(PAGE.read_text()) if "launch_grid.sh" in b)
-    sets = dict(s.split("=", 1) for s in re.findall(r"--set (\S+)", block))
+    block = next(b for b in blocks(PAGE.read_text()) if "gke_launch.sh" in b)
+    sets = dict(s.split("=", 1) for s in re.findall(r"--config\.(\S+)", block))
     config = config_lib.base_config("dense_1p7b_28l", variant)
     for key, value in sets.items():
         section, field = key.split(".")

@@ -88,6 +88,8 @@ def remote_command(argv):
 
 def test_every_script_is_shellcheck_clean():
     assert set(SCRIPT_ARGS) | {"common.sh"} == set(ALL)
+    # the docs call them as commands: tpu_scripts/launch.sh ...
+    assert [s for s in SCRIPT_ARGS if not os.access(SCRIPTS / s, os.X_OK)] == []
     shellcheck = Path(sys.executable).with_name("shellcheck")
     result = subprocess.run([str(shellcheck), "-x", "-P", "SCRIPTDIR",
                              *(str(SCRIPTS / s) for s in ALL)],
@@ -559,3 +561,15 @@ def test_gke_launch_refuses_bad_settings_and_skips_the_preflight_when_asked(tmp_
         gce = run(script, *SCRIPT_ARGS[script], "--config",
                   str(write_settings(tmp_path, TPU_TYPE="tpu7x-8")), "--dry-run")
         assert gce.returncode == 2 and "offered on GKE only" in gce.stderr and gce.stdout == ""
+
+
+def test_settings_come_from_the_settings_file_alone(tmp_path):
+    """A shell variable named like a setting (docs/c4_on_v5p.md exports MOUNT as a path) is
+    not taken for a setting the file leaves out."""
+    env = {**os.environ, "MOUNT": "/tmp/gcs/my-bucket", "GKE_CLUSTER": "from-the-shell"}
+    result = run("launch.sh", "--name", "r1", "--no-preflight", "--config",
+                 str(write_settings(tmp_path)), "--dry-run", env=env)
+    assert result.returncode == 0, result.stderr
+    missing = run("gke_launch.sh", "--name", "r1", "--config",
+                  str(write_settings(tmp_path, GKE_CLUSTER=None)), "--dry-run", env=env)
+    assert missing.returncode == 2 and "GKE_CLUSTER is not set" in missing.stderr

@@ -50,6 +50,11 @@ parse_common_flags() {
 load_settings() {
   [[ -f "$CONFIG_FILE" ]] || die "settings file $CONFIG_FILE not found: copy" \
     "tpu_scripts/pod.env.example to tpu_scripts/pod.env and edit it, or pass --config PATH"
+  # Settings come from the file alone: a variable of the same name in your shell (a MOUNT
+  # path, a BUCKET of another project) is not taken for one it leaves out.
+  unset PROJECT ZONE BUCKET TPU_NAME TPU_TYPE SPOT QUEUED EXTRAS PYTHON_VERSION SLICES \
+    MEGASCALE_PORT EXTRA_CREATE_ARGS EXTRA_SSH_ARGS GCLOUD_TRACK MOUNT RUNTIME_VERSION \
+    JAX_VERSION GKE_CLUSTER MAX_RESTARTS TERMINATION_GRACE_S IMAGE_REPO BASE_IMAGE EXTRA_XPK_ARGS
   # shellcheck disable=SC1090
   source "$CONFIG_FILE"
   require PROJECT ZONE TPU_NAME
