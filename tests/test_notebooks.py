@@ -23,8 +23,12 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 ENV = {"XLA_FLAGS": cpu_compile.xla_flags(), "JAX_PLATFORMS": "cpu"}
 SETTINGS = ["train.steps=20", "train.batch_size=4", "data.seq_len=64", "train.eval_every=20",
             "train.eval_batches=2", "train.log_every=5", "optimizer.warmup_steps=5",
-            "data.tokenizer=byte", "model.vocab_size=260", "model.num_layers=2"]
+            "data.tokenizer=byte", "model.vocab_size=260", "model.num_layers=2",
+            "train.telemetry_every=10"]
 RUNS = ("tiny-baseline-s0", "tiny-g1_sdpa_elementwise-s0")
+FIGURE_CALLS = ("plt.show()", "display(Image(")
+# Figure cells that may draw nothing, by their first line, and what they print instead.
+WITHOUT_FIGURE = {"compare_variants.ipynb": {'entries = result["paired"]': "No paired comparison"}}
 pytestmark = pytest.mark.slow  # two training runs and two analyses in subprocesses
 
 
@@ -75,6 +79,8 @@ def test_tiny_grid_is_analysed_and_summarised(tiny_grid):
             want.append(ema is not None and r["step"] >= 5 and r["loss"] > 1.5 * ema)
             ema = r["loss"] if ema is None else 0.9 * ema + 0.1 * r["loss"]
         assert [r["loss_spike"] for r in train] == want
+        # Telemetry every 10 updates, the last on the final weights (curves reach the end).
+        assert [r["step"] for r in records if r.get("kind") == "telemetry"] == [10, 20]
         for name in a["figures"].values():
             assert (tiny_grid / a["workdir"] / "analysis" / name).stat().st_size > 0
     summarize.summarize(tiny_grid)
@@ -105,5 +111,18 @@ def test_notebook_executes(tiny_grid, notebook, env):
               if o.get("output_type") == "error"]
     assert not errors, errors
     assert all(c.execution_count for c in code)
+    # Every figure cell shows its figure inline (a PNG in its outputs), or says why it has
+    # none: the plots module once switched the kernel to Agg at import, and the figures of
+    # plt.show() never appeared.
+    missing = []
+    for cell in (c for c in code if any(call in c.source for call in FIGURE_CALLS)):
+        first = cell.source.splitlines()[0]
+        images = [o for o in cell.outputs if "image/png" in o.get("data", {})]
+        printed = "".join(o.get("text", "") for o in cell.outputs
+                          if o.get("output_type") == "stream")
+        because = WITHOUT_FIGURE.get(notebook, {}).get(first)
+        if not images and not (because and because in printed):
+            missing.append(first)
+    assert not missing, f"figure cells of {notebook} that showed no figure: {missing}"
     if env == "GRID_ROOT":
         assert (tiny_grid / "figures" / "attention_maps.png").exists()
