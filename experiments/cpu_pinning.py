@@ -136,20 +136,27 @@ def compare(runs: Mapping[str, Mapping[str, Any] | None]) -> list[dict[str, Any]
             group = chr(ord("A") + len(groups))
             groups.append((key, group))
         last = max(run["losses"])
+        shared = set(run["losses"]) & set(reference["losses"])
         rows.append({**row, "group": group, "loss": run["losses"][last], "step": last,
                      "first_difference": first_difference(reference["losses"], run["losses"]),
+                     "largest_difference": max((abs(run["losses"][s] - reference["losses"][s])
+                                                for s in shared), default=None),
+                     "same_weights": run["fingerprints"] == reference["fingerprints"],
                      "threads": run["record"]["hardware"].get("cpu_threads")})
     return rows
 
 
 def markdown(rows: Sequence[Mapping[str, Any]], reference: str) -> str:
     lines = ["| setting | XLA_FLAGS | cores | loss at the last step | bit-identical group "
-             f"| first step differing from `{reference}` |", "|---|---|---|---|---|---|"]
+             f"| first step differing from `{reference}` | largest loss difference from it |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         loss = "-" if r["loss"] is None else f"{r['loss']:.10f}"
         diff = "-" if r["first_difference"] is None else str(r["first_difference"])
+        largest = ("-" if r.get("largest_difference") is None else
+                   "0" if r["largest_difference"] == 0 else f"{r['largest_difference']:.1e}")
         lines.append(f"| {r['setting']} | `{r['xla_flags']}` | {r['cores']} | {loss} "
-                     f"| {r['group']} | {diff} |")
+                     f"| {r['group']} | {diff} | {largest} |")
     return "\n".join(lines)
 
 

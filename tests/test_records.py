@@ -328,8 +328,11 @@ def test_pinning_comparison_groups_runs_equal_in_every_bit():
     assert [rows[n]["group"] for n in runs] == ["A", "A", "B", "C", "failed"]
     assert rows["avx2"]["first_difference"] == 2  # the loss differs at step 2
     assert rows["avx"]["first_difference"] is None  # same losses, other weights: group C
-    assert "| avx2 | `--xla_cpu_max_isa=AVX2` | all | 2.0000000000 | B | 2 |" in \
-        cpu_pinning.markdown(list(rows.values()), "default")
+    assert rows["avx2"]["largest_difference"] == pytest.approx(2e-7)
+    assert not rows["avx"]["same_weights"] and rows["default-1core"]["same_weights"]
+    text = cpu_pinning.markdown(list(rows.values()), "default")
+    assert "| avx2 | `--xla_cpu_max_isa=AVX2` | all | 2.0000000000 | B | 2 | 2.0e-07 |" in text
+    assert "| default-1core | `(none)` | 1 | 2.0000000000 | A | - | 0 |" in text
 
 
 def test_make_tables_trains_its_grids_pinned_and_the_pin_holds_in_the_child(tmp_path,
