@@ -20,12 +20,11 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from gcs_server import gcs_bucket  # noqa: F401  (fixture)
-from tiny_runs import tiny_flags
+from tiny_runs import tiny_flags, wait_for
 
 from gated_attention import cpu_compile, paths
 from gated_attention.pods import worker_log
@@ -78,15 +77,6 @@ class Pod:
 
     def home(self, node: str, worker: int = 0) -> Path:
         return self.state / "homes" / node / f"worker-{worker}"
-
-
-def wait_for(condition, what: str, timeout: float = 240.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def read(path: Path) -> str:

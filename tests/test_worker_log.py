@@ -12,11 +12,11 @@ import datetime
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from gcs_server import gcs_bucket  # noqa: F401  (fixture)
+from tiny_runs import wait_for
 
 from gated_attention.pods import worker_log
 
@@ -32,15 +32,6 @@ def start(dest: str, local: Path, script: str, *, worker: str = "3") -> subproce
          script],
         env={**os.environ, "PYTHONPATH": str(REPO), "TPU_WORKER_ID": worker}, cwd=REPO,
         stdout=subprocess.PIPE, text=True)
-
-
-def wait_for(condition, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_an_attempts_object_is_named_by_its_start_so_attempts_sort_in_order():
