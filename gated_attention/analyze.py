@@ -258,6 +258,14 @@ def main(argv: list[str]) -> None:
     print("\n".join(summary_lines(result)))
 
 
+def per_layer_note(values: Sequence[float], most: int = 8) -> str:
+    """'  (per layer: 0.008, 0.112)' for up to `most` layers: a mean over layers can hide a
+    layer whose gate opens beside one that stays shut."""
+    if not 1 < len(values) <= most:
+        return ""
+    return "  (per layer: " + ", ".join(f"{v:.3f}" for v in values) + ")"
+
+
 def summary_lines(result: dict[str, Any]) -> list[str]:
     """What the command prints: one metric a line, and both held-out perplexities, each named
     by the tokens it measured (the analysis windows here; training's packed eval batches)."""
@@ -269,7 +277,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         (f"sink rate (heads above {result.get('sink_threshold', 0.3):g} on token 0)",
          f"{result['sink_rate']:.2f}"),
         ("M-Act (mean over layers of max |layer output|)", f"{result['massive_activation']:.2f}"),
-        ("mean gate score", "- (no gate)" if gate is None else f"{gate:.3f}"),
+        ("mean gate score", "- (no gate)" if gate is None else f"{gate:.3f}"
+         + per_layer_note([g["mean"] for g in result.get("gate_score_per_layer") or []])),
     ]
     if "perplexity" in result:
         tokens = result.get("loss_tokens")

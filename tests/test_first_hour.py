@@ -185,10 +185,13 @@ def test_analyze_says_why_its_perplexity_is_not_trainings(tmp_path):
     result = {"workdir": str(tmp_path), "perplexity": 37.0812, "loss_tokens": 4096,
               "data": "held-out windows, one chunk per row from position 0", "variant": "g1",
               "step": 300, "first_token_attention": 0.0331, "exclude_first_query": True,
-              "sink_rate": 0.0, "massive_activation": 4.87, "gate_score_mean": 0.438}
+              "sink_rate": 0.0, "massive_activation": 4.87, "gate_score_mean": 0.438,
+              "gate_score_per_layer": [{"mean": 0.03}, {"mean": 0.846}]}
     lines = summary_lines(result)
     assert lines[0] == "g1 at step 300:"
-    assert [line.split()[-1] for line in lines[1:5]] == ["0.033", "0.00", "4.87", "0.438"]
+    assert [line.split()[-1] for line in lines[1:4]] == ["0.033", "0.00", "4.87"]
+    assert lines[4].endswith("mean gate score                                  0.438  (per layer: "
+                             "0.030, 0.846)")
     assert lines[5].startswith("  held-out perplexity, this analysis") and lines[5].endswith(
         "37.08  on 4,096 tokens of held-out windows, one chunk per row from position 0")
     assert lines[6].startswith("  held-out perplexity, training's last eval") and lines[
