@@ -193,9 +193,12 @@ def execute(run: grid_lib.Run, root: epath.Path, train_cmd: list[str],
                 else:
                     reservation = ray_grid.reserve(where)
                     try:
-                        outcome = ray_grid.attempt(reservation, cmd, log_name, os.fspath(root),
-                                                   f"{run.name} attempt {status['attempts']}",
-                                                   project_dir(), workdir)
+                        outcome = ray_grid.Outcome("stopped", "the driver was stopped", [])
+                        if not ray_grid.STOPPING.is_set():  # stopped while waiting for hosts
+                            outcome = ray_grid.attempt(
+                                reservation, cmd, log_name, os.fspath(root),
+                                f"{run.name} attempt {status['attempts']}", project_dir(),
+                                workdir)
                     finally:
                         reservation.release()
                     if ray_grid.STOPPING.is_set() and outcome.kind == "retry":
