@@ -75,6 +75,7 @@ def test_the_inspect_door_leaves_the_standard_librarys_inspect_alone():
 
 
 
+@pytest.mark.slow  # three memory plans of the 1.7B arch: about 13 s on the shared host
 @pytest.mark.reference("independent")  # the overrides worked out from the config by hand
 def test_a_plan_that_fits_on_none_listed_names_what_would_shrink_it():
     """The 1.7B arch's defaults (1024 x 4096 in one micro-batch, remat of the projections)

@@ -186,6 +186,7 @@ def _hidden_libtpu(folder: Path) -> dict[str, str]:
     return {"PYTHONPATH": f"{folder}:{ROOT}"}
 
 
+@pytest.mark.slow  # one process (jax and the config): about 10 s on the shared host
 @pytest.mark.reference("error_message")
 def test_a_tpu_target_without_libtpu_is_one_line_naming_what_to_install(tmp_path):
     result = _preflight_cli(*TINY_SYNTHETIC, "--accelerator=v5p-8", env=_hidden_libtpu(tmp_path))
@@ -197,6 +198,7 @@ def test_a_tpu_target_without_libtpu_is_one_line_naming_what_to_install(tmp_path
         "TPU needed)")
 
 
+@pytest.mark.slow  # one process (jax and the config): about 10 s on the shared host
 @pytest.mark.reference("error_message")
 def test_a_gpu_target_without_the_cuda_compile_pair_is_one_line_naming_it(tmp_path):
     empty = tmp_path / "no_cuda_compile"

@@ -131,6 +131,7 @@ def test_model_telemetry_matches_the_xla_reference_maps_and_numpy(segmented):
                   seg, params)
 
 
+@pytest.mark.slow  # the model traced twice: 5 to 30 s on the shared host
 @pytest.mark.reference("independent")  # the numpy statistics of the reference maps
 @pytest.mark.parametrize("fields", [dict(grad_accum=2), dict(telemetry_rows=1)])
 def test_telemetry_reads_the_first_micro_batch_only(fields):
