@@ -110,6 +110,7 @@ def test_is_greedy_against_the_numpy_argmax(folder, lm):
     assert abs(lp2 - numpy_score(hf, tensors, context, other, MAX_LENGTH)[0]) < 1e-4
 
 
+@pytest.mark.slow
 def test_rolling_loglikelihood_over_lm_evals_windows(folder, lm):
     from lm_eval import utils
 
@@ -303,3 +304,13 @@ def test_bad_harness_fields_are_config_errors(field, value, message):
     config.train[field] = value
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         config_lib.validate_run_config(config)
+
+
+@pytest.mark.slow
+def test_chat_template_renders_as_transformers_would(lm, monkeypatch):
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    monkeypatch.setattr(lm, "template", template)
+    assert lm.chat_template(True) == template and lm.chat_template(False) is None
+    assert lm.apply_chat_template([{"role": "user", "content": "hi"}]) == (
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")

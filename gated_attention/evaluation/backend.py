@@ -100,6 +100,11 @@ class JaxLM(TemplateLM):
         if not self.template:
             raise ValueError("the tokenizer defines no chat_template")
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+        def raise_exception(message: str) -> None:  # what transformers gives templates
+            raise ValueError(message)
+
+        env.globals["raise_exception"] = raise_exception
         bos = self.codec.bos_id
         return env.from_string(self.template).render(
             messages=chat_history, add_generation_prompt=add_generation_prompt,

@@ -1,6 +1,7 @@
 """Length buckets and fixed-size batches: every request is padded to one of a few lengths and
 every batch to the same row count, so the scoring and decoding functions compile once per
-bucket instead of once per request length."""
+bucket instead of once per request length. Four buckets per octave: powers of two alone
+padded a 280-token row to 512 and halved the scoring speed."""
 
 from __future__ import annotations
 
@@ -13,14 +14,20 @@ T = TypeVar("T")
 SMALLEST_BUCKET = 16
 
 
+STEPS_PER_OCTAVE = (4, 5, 6, 7)  # 2^k x {1, 1.25, 1.5, 1.75}: at most 25% padding
+
+
 def bucket_length(length: int, cap: int) -> int:
-    """The smallest power of two >= length (at least SMALLEST_BUCKET), at most `cap`."""
+    """The smallest ladder length >= length (16, 20, 24, 28, 32, 40, ..., 256, 320, 384,
+    448, 512, ...; four per octave, so padding costs at most a quarter), at most `cap`."""
     if length > cap:
         raise ValueError(f"a row of {length} tokens does not fit the cap of {cap}")
-    bucket = SMALLEST_BUCKET
-    while bucket < length:
-        bucket *= 2
-    return min(bucket, cap)
+    octave = SMALLEST_BUCKET // 4
+    while True:
+        for step in STEPS_PER_OCTAVE:
+            if step * octave >= length:
+                return min(step * octave, cap)
+        octave *= 2
 
 
 def round_up(n: int, multiple: int) -> int:

@@ -1,6 +1,6 @@
 """The compiled work behind the lm-eval backend: scoring padded rows and decoding with a KV cache.
 
-Scoring reads the model's final hidden states and forms the logits 128 positions at a time
+Scoring reads the model's final hidden states and forms the logits at most 128 positions at a time
 (a [batch, length, vocab] array of a 151,936-entry vocabulary would not fit), keeping per
 position the target's log-probability and whether it is the argmax, and, for rows that other
 requests share, the last position's whole log-softmax. Decoding is the model's KV-cache path
@@ -15,6 +15,7 @@ host of a multi-host mesh runs the same calls on the same rows; results are repl
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import jax
@@ -36,7 +37,7 @@ def _score(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, targets:
     model = nnx.merge(graphdef, state)
     x, table, _ = model.features(tokens)
     b, length, d = x.shape
-    chunk = min(length, LOGITS_CHUNK)
+    chunk = length if length <= LOGITS_CHUNK else math.gcd(length, LOGITS_CHUNK)
 
     def one(carry: None, piece: tuple[jax.Array, jax.Array]) -> tuple[None, tuple]:
         xc, tc = piece  # [b, chunk, d], [b, chunk]
@@ -120,7 +121,7 @@ class Engine:
         self.graphdef = graphdef
         self._score = jax.jit(functools.partial(_score, graphdef),
                               static_argnames=("want_last",), out_shardings=replicated)
-        self._decoder_model = None
+        self._decoder_state, self._decoder_jits = None, None
         self.row_multiple = int(np.prod([self.mesh.shape[a] for a in ("data", "fsdp")
                                          if a in self.mesh.shape]))
 
@@ -135,24 +136,31 @@ class Engine:
                               want_last=want_last)
         return tuple(np.asarray(o) for o in out)
 
-    def _decoding(self) -> tuple[nnx.GraphDef, nnx.State, Any, Any]:
+    def update(self, state: nnx.State) -> None:
+        """New weights of the same model (a training run's later step): nothing recompiles."""
+        self.state = _placed(state, self._replicated)
+        self._decoder_state = None
+
+    def _decoding(self) -> tuple[nnx.State, Any, Any]:
         """Per-layer blocks (the KV cache needs them) and the jitted prefill / decode."""
-        if self._decoder_model is None:
-            graphdef, state = nnx.split(per_layer(nnx.merge(self.graphdef, self.state)))
-            prefill = jax.jit(functools.partial(_prefill, graphdef),
-                              static_argnames=("cache_len",))
-            decode = jax.jit(functools.partial(_decode, graphdef),
-                             static_argnames=("steps", "temperature", "top_p", "top_k"),
-                             donate_argnums=(1,))
-            self._decoder_model = (graphdef, state, prefill, decode)
-        return self._decoder_model
+        if self._decoder_state is None:
+            graphdef, self._decoder_state = nnx.split(
+                per_layer(nnx.merge(self.graphdef, self.state)))
+            if self._decoder_jits is None:
+                self._decoder_jits = (
+                    jax.jit(functools.partial(_prefill, graphdef),
+                            static_argnames=("cache_len",)),
+                    jax.jit(functools.partial(_decode, graphdef),
+                            static_argnames=("steps", "temperature", "top_p", "top_k"),
+                            donate_argnums=(1,)))
+        return (self._decoder_state, *self._decoder_jits)
 
     def generate(self, tokens: np.ndarray, positions: np.ndarray, *, max_new: int, block: int,
                  key: jax.Array, temperature: float, top_p: float, top_k: int,
                  finished: Any) -> np.ndarray:
         """New tokens [b, <= max_new rounded up to `block`] for left-padded prompts; stops
         early once `finished(tokens so far)` says every row is done."""
-        _, state, prefill, decode = self._decoding()
+        state, prefill, decode = self._decoding()
         steps_total = -(-max_new // block) * block
         out = []
         with jax.set_mesh(self.mesh), sharding.logical_rules(self.rules):

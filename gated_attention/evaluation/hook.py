@@ -61,15 +61,20 @@ class TrainingHarness:
             limit=train.get("harness_limit", 0) or None, seed=run.config.get("seed", 0))
         runner.load_tasks(self.request)  # a bad task fails at the start, not at step N
         self.codec = TextCodec(run.inputs.tokenizer, add_bos=bool(run.config.data.get("add_bos")))
+        self.lm: Any = None
 
     def __call__(self, params: Any) -> dict[str, float]:
         from flax import nnx
 
         from gated_attention.evaluation import backend, engine, runner
 
-        model = nnx.merge(self.run.spec.graphdef, params)
-        lm = backend.JaxLM(engine.Engine(model, self.run.mesh, self.run.rules), self.codec,
-                           max_length=int(self.run.config.data.seq_len),
-                           batch_size=self.run.config.train.get("harness_batch_size", 16),
-                           seed=self.request.seed, name=str(self.run.workdir))
-        return runner.headline(runner.evaluate(lm, self.request, write=False))
+        if self.lm is None:  # one engine for the run: later calls reuse its compiled code
+            model = nnx.merge(self.run.spec.graphdef, params)
+            self.lm = backend.JaxLM(
+                engine.Engine(model, self.run.mesh, self.run.rules), self.codec,
+                max_length=int(self.run.config.data.seq_len),
+                batch_size=self.run.config.train.get("harness_batch_size", 16),
+                seed=self.request.seed, name=str(self.run.workdir))
+        else:
+            self.lm.engine.update(params)
+        return runner.headline(runner.evaluate(self.lm, self.request, write=False))

@@ -112,6 +112,9 @@ def _from_hf(folder: pathlib.Path, dtype: str) -> Loaded:
         raise UserError(f"--hf_dir={folder}: {str(err).splitlines()[0]}") from None
     text = hf_config.get("text_config") or hf_config
     length = text.get("max_position_embeddings") or hf_config.get("max_position_embeddings")
-    codec = TextCodec(tokenizer, add_bos=bool(config.data.get("add_bos", False)))
+    # transformers adds to a tokenizer.json's text only what its post-processor adds (its
+    # add_bos_token is not read for these); a SentencePiece folder's BOS follows add_bos_token
+    add_bos = bool(config.data.get("add_bos", False)) and config.data.tokenizer != "hf"
+    codec = TextCodec(tokenizer, add_bos=add_bos)
     return Loaded(model, config, codec, int(length or DEFAULT_MAX_LENGTH), str(folder),
                   _chat_template(folder))

@@ -19,7 +19,7 @@ from typing import Any
 from gated_attention.errors import UserError
 
 OFFLINE_VARIABLES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
-_MANAGERS: dict[str | None, Any] = {}  # lm-eval TaskManagers by include path, one per process
+_MANAGERS: dict[tuple[str | None, bool], Any] = {}  # TaskManagers by (include path, defaults)
 
 
 def set_offline(allow_downloads: bool) -> None:
@@ -48,19 +48,18 @@ def load_tasks(request: TaskRequest) -> tuple[Any, dict[str, Any]]:
     """(TaskManager, lm-eval's task dict): names resolved and datasets loaded, or UserError."""
     set_offline(request.allow_downloads)
     import datasets
-    from lm_eval.tasks import TaskManager
 
     datasets.disable_progress_bars()  # a bad task's error stays the only line on stderr
 
     if request.include_path and not os.path.isdir(request.include_path):
         raise UserError(f"--include_path={request.include_path} is not a folder")
-    if request.include_path not in _MANAGERS:  # indexing lm-eval's tasks takes seconds
-        _MANAGERS[request.include_path] = TaskManager(include_path=request.include_path)
-    manager = _MANAGERS[request.include_path]
     names = [t for t in request.tasks if t]
     if not names:
         raise UserError("--tasks is empty; name lm-eval tasks (`lm_eval ls tasks`) or local "
                         "ones under --include_path")
+    manager = _manager(request.include_path, defaults=False) if request.include_path else None
+    if manager is None or not all(manager.match_tasks([t]) for t in names):
+        manager = _manager(request.include_path, defaults=True)
     unknown = [t for t in names if not manager.match_tasks([t])]
     if unknown:
         raise UserError(f"--tasks={unknown[0]} is not a task lm-eval knows (see `lm_eval ls "
@@ -75,6 +74,17 @@ def load_tasks(request: TaskRequest) -> tuple[Any, dict[str, Any]]:
         raise UserError(f"--tasks={','.join(names)}: the task cannot be loaded{hint}: "
                         f"{first}") from None
     return manager, task_dict
+
+
+def _manager(include_path: str | None, *, defaults: bool) -> Any:
+    """lm-eval's TaskManager, one per process and setting: indexing lm-eval's own thousands of
+    task files takes seconds, so local tasks alone are looked up without them first."""
+    from lm_eval.tasks import TaskManager
+
+    key = (include_path, defaults)
+    if key not in _MANAGERS:
+        _MANAGERS[key] = TaskManager(include_path=include_path, include_defaults=defaults)
+    return _MANAGERS[key]
 
 
 def evaluate(lm: Any, request: TaskRequest, *, model_args: dict[str, Any] | None = None,

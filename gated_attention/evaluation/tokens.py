@@ -2,8 +2,10 @@
 
 lm-eval's numbers depend on three tokenizer conventions, taken here from the folder's own files:
 - `encode(text)` applies the tokenizer's special-token template (a `tokenizer.json`
-  post-processor; Qwen3's adds nothing) unless told `add_special_tokens=False`; a run trained
-  with `data.add_bos` also starts its inputs with BOS, as its training documents did.
+  post-processor; Qwen3's adds nothing) unless told `add_special_tokens=False`, and nothing
+  else: transformers 5 reads no `add_bos_token` for such a folder. A SentencePiece folder
+  with `add_bos_token` (transformers' LlamaTokenizer), and a run of ours trained with
+  `data.add_bos` (`--workdir`), start their inputs with BOS, as the training documents did.
 - The prefix token of empty contexts and rolling windows is BOS when the tokenizer declares one
   (transformers reads `bos_token` from tokenizer_config.json / special_tokens_map.json), else EOS.
 - Generated text is decoded without special tokens; `clean_up_tokenization_spaces` as the
