@@ -174,7 +174,7 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def plot(rows: Sequence[dict[str, Any]], path: pathlib.Path, title: str) -> str:
-    from gated_attention.analysis.plots import _save, new_figure  # no pyplot: no backend
+    from gated_attention.analysis.plots import new_figure, save  # no pyplot: no backend
 
     fig = new_figure((4 * len(METRICS), 3.4))
     axes = fig.subplots(1, len(METRICS))
@@ -192,7 +192,7 @@ def plot(rows: Sequence[dict[str, Any]], path: pathlib.Path, title: str) -> str:
         ax.set_title(LABELS[metric])
     axes[0].legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def intervene(workdir: str | os.PathLike[str], changes: Sequence[Change], *, batches: int = 4,

@@ -36,7 +36,7 @@ def emergence(points: Sequence[Mapping[str, Any]], uniform: float) -> list[int |
 
 def plot(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: pathlib.Path,
          uniform: float) -> None:
-    from gated_attention.analysis.plots import LAYER_STYLES, _save, layer_legend, new_figure
+    from gated_attention.analysis.plots import LAYER_STYLES, layer_legend, new_figure, save
 
     fig = new_figure((7, 4))
     ax = fig.subplots()
@@ -57,7 +57,7 @@ def plot(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: pathlib.Path,
     ax.set(xlabel="training step", ylabel="F-Attn (attention on the first token)",
            title="The sink forming while training (telemetry)")
     layer_legend(ax, list(runs), layers, extra=levels)
-    _save(fig, path)
+    save(fig, path)
 
 
 def report_lines(folder: pathlib.Path, variants: Sequence[str], seq_len: int,

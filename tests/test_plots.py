@@ -21,7 +21,7 @@ LONG_TOKENS = ["<bos>", "The", "\u2423", "quick", "brown", "\u2423fox", "jumps",
 def figures(monkeypatch):
     """The figures the plot functions draw, kept instead of written."""
     kept = []
-    monkeypatch.setattr(plots, "_save", lambda fig, path: kept.append(fig) or str(path))
+    monkeypatch.setattr(plots, "save", lambda fig, path: kept.append(fig) or str(path))
     return kept
 
 

@@ -44,7 +44,7 @@ def scalars(tb_dir: pathlib.Path, prefix: str = "telemetry/") -> dict[str, list[
 
 def draw(root: pathlib.Path, prefixes: Sequence[str], seeds: Sequence[int],
          out: pathlib.Path) -> None:
-    from gated_attention.analysis.plots import LAYER_STYLES, _save, layer_legend, new_figure
+    from gated_attention.analysis.plots import LAYER_STYLES, layer_legend, new_figure, save
     from gated_attention.analysis.sink_report import uniform_first_token
     from gated_attention.telemetry_report import SINK_FACTOR
 
@@ -71,7 +71,7 @@ def draw(root: pathlib.Path, prefixes: Sequence[str], seeds: Sequence[int],
            title="Sink forming during training (TensorBoard telemetry, "
                  + ("seeds " if len(seeds) > 1 else "seed ") + ", ".join(map(str, seeds)) + ")")
     layer_legend(ax, [p.rsplit("-", 1)[-1] for p in prefixes], most_layers, extra=levels)
-    _save(fig, out)
+    save(fig, out)
 
 
 def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:

@@ -38,7 +38,8 @@ def new_figure(figsize: tuple[float, float]) -> Figure:
     return Figure(figsize=figsize, layout="constrained")
 
 
-def _save(fig: Figure, path: PathLike) -> str:
+def save(fig: Figure, path: PathLike) -> str:
+    """Write `fig` as a PNG at `path` (its folder made), cropped to what is drawn."""
     path = os.fspath(path)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=90, bbox_inches="tight")
@@ -64,7 +65,7 @@ def plot_loss_curves(runs: Mapping[str, Sequence[tuple[int, float]]], path: Path
     if runs:
         ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_per_layer(values: Mapping[str, Sequence[float]], path: PathLike, ylabel: str,
@@ -83,7 +84,7 @@ def plot_per_layer(values: Mapping[str, Sequence[float]], path: PathLike, ylabel
     if values:
         ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def log_ticks(low: float, high: float, most: int = 12) -> list[float]:
@@ -193,7 +194,7 @@ def plot_gate_histograms(histograms: Mapping[str, Mapping[str, Any]], path: Path
     if shown:
         ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_attention_map(maps: Mapping[str, np.ndarray] | np.ndarray, path: PathLike,
@@ -233,4 +234,4 @@ def plot_attention_map(maps: Mapping[str, np.ndarray] | np.ndarray, path: PathLi
         ax.set_axis_off()
     fig.colorbar(image, ax=list(axes[:len(panels)]), shrink=0.6, label="attention probability")
     fig.suptitle(title)
-    return _save(fig, path)
+    return save(fig, path)

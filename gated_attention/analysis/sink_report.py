@@ -69,7 +69,7 @@ def analyze(workdir: pathlib.Path) -> dict[str, dict[str, Any]]:
 def plot_f_attn_over_steps(results: Mapping[str, Mapping[str, Any]], path: pathlib.Path,
                            uniform: float) -> str:
     """F-Attn per layer (other queries) and trigger accuracy over training, both models."""
-    from gated_attention.analysis.plots import LAYER_STYLES, _save, layer_legend, new_figure
+    from gated_attention.analysis.plots import LAYER_STYLES, layer_legend, new_figure, save
 
     fig = new_figure((11, 4))
     ax, acc = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
@@ -95,12 +95,12 @@ def plot_f_attn_over_steps(results: Mapping[str, Mapping[str, Any]], path: pathl
     acc.legend(fontsize=7)
     for a in (ax, acc):
         a.grid(alpha=0.3)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_gate_scores(final: Mapping[str, Any], path: pathlib.Path, variant: str) -> str:
     """Gate score per layer at trigger queries against the other queries (one gated model)."""
-    from gated_attention.analysis.plots import _save, new_figure
+    from gated_attention.analysis.plots import new_figure, save
 
     trig, other = final["gate_trigger_per_layer"], final["gate_other_per_layer"]
     layers = np.arange(len(trig))
@@ -115,7 +115,7 @@ def plot_gate_scores(final: Mapping[str, Any], path: pathlib.Path, variant: str)
            title=f"{variant}: open at triggers, shut elsewhere")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_maps(results: Mapping[str, Mapping[str, Any]], path: pathlib.Path) -> str:
