@@ -124,7 +124,8 @@ def headline(results: dict[str, Any]) -> dict[str, float]:
     out = {}
     for task, metrics in results.get("results", {}).items():
         for key, value in metrics.items():
-            if "stderr" in key or not isinstance(value, (int, float)) or key == "alias":
+            if ("stderr" in key or not isinstance(value, (int, float))
+                    or key in ("alias", "sample_len")):
                 continue
             name = key[:-len(",none")] if key.endswith(",none") else key
             out[f"{task}/{name}"] = float(value)
