@@ -26,7 +26,7 @@ END_SLACK = 1.25  # a log axis has a labelled tick within this factor of each en
 MAPS_PER_ROW = 2  # one run's attention maps: two layers a row
 LAYER_STYLES = ("-", "--", ":", "-.")  # one line style per layer, repeating after four
 # Mantissas of log-axis ticks, coarsest first: the first set that labels the data's range
-# densely enough is used (see log_axis).
+# densely enough is used (see log_ticks).
 LOG_MANTISSAS = ((1.0,), (1.0, 2.0, 5.0), (1.0, 2.0, 3.0, 5.0, 7.0),
                  (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0),
                  (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0))
