@@ -23,13 +23,14 @@ every XLA flag tried.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from absl import flags
@@ -59,13 +60,20 @@ SETTINGS: dict[str, tuple[str, int | None]] = {
 }
 
 
-def limit_cores(cores: int | None) -> Callable[[], None] | None:
-    """A preexec_fn that keeps a child process (and its children) on the first `cores` cores
-    this process may use, as `taskset` does; None for all of them."""
+@contextlib.contextmanager
+def on_cores(cores: int | None) -> Iterator[None]:
+    """Within the block, this thread may run on the first `cores` of its cores only, so every
+    process it starts keeps to them, as under `taskset` (the CPU affinity is inherited);
+    None or 0: no limit. The thread's own affinity is restored afterwards."""
     if not cores:
-        return None
-    allowed = set(sorted(os.sched_getaffinity(0))[:cores])
-    return lambda: os.sched_setaffinity(0, allowed)
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, set(sorted(before)[:cores]))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def train_argv(workdir: pathlib.Path, steps: int, warmup_steps: int) -> list[str]:
@@ -92,9 +100,9 @@ def run_setting(root: pathlib.Path, name: str, steps: int, warmup_steps: int = 1
     if emulate_cpu:
         argv = ["qemu-x86_64", "-cpu", emulate_cpu, *argv]
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / f"{name}.log", "w") as log:
+    with open(root / f"{name}.log", "w") as log, on_cores(cores):
         return subprocess.run(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              check=False, preexec_fn=limit_cores(cores)).returncode
+                              check=False).returncode
 
 
 def read_run(workdir: pathlib.Path, steps: int) -> dict[str, Any] | None:

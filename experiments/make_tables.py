@@ -258,9 +258,9 @@ def make(name: str, root: pathlib.Path, run: bool, xla_flags: str = cpu_pinning.
     grid_root = root / name
     args, command = grid_command(name, grid_root)
     if run:
-        subprocess.run([sys.executable, "-m", "experiments.run_grid", *args],
-                       cwd=REPO, check=False, env={**os.environ, "XLA_FLAGS": xla_flags},
-                       preexec_fn=cpu_pinning.limit_cores(cores))
+        with cpu_pinning.on_cores(cores):
+            subprocess.run([sys.executable, "-m", "experiments.run_grid", *args],
+                           cwd=REPO, check=False, env={**os.environ, "XLA_FLAGS": xla_flags})
     result = summarize.summarize(grid_root)
     page = REPO / spec["page"]
     page.write_text(replace_block(page.read_text(), name,

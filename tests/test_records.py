@@ -337,21 +337,23 @@ def test_pinning_comparison_groups_runs_equal_in_every_bit():
 
 def test_make_tables_trains_its_grids_pinned_and_the_pin_holds_in_the_child(tmp_path,
                                                                              monkeypatch):
+    import os
     import sys
 
     from experiments import cpu_pinning
 
-    # The pin as the kernel sees it: a child started with limit_cores(1) may run on one core.
-    child = subprocess.run([sys.executable, "-c",
-                            "import os; print(len(os.sched_getaffinity(0)))"],
-                           capture_output=True, text=True, check=True,
-                           preexec_fn=cpu_pinning.limit_cores(1))
-    assert child.stdout.strip() == "1"
-    assert cpu_pinning.limit_cores(0) is None and cpu_pinning.limit_cores(None) is None
-    # make() hands run_grid the pinned XLA_FLAGS and that core limit.
+    # The pin as the kernel sees it: a child started within on_cores(1) may run on one core,
+    # and the parent's own affinity comes back after it.
+    before = os.sched_getaffinity(0)
+    with cpu_pinning.on_cores(1):
+        child = subprocess.run([sys.executable, "-c",
+                                "import os; print(len(os.sched_getaffinity(0)))"],
+                               capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == "1" and os.sched_getaffinity(0) == before
+    # make() hands run_grid the pinned XLA_FLAGS and starts it on one core.
     calls = []
-    monkeypatch.setattr(make_tables.subprocess, "run",
-                        lambda argv, **kw: calls.append((argv, kw)))
+    monkeypatch.setattr(make_tables.subprocess, "run", lambda argv, **kw: calls.append(
+        (argv, kw, len(os.sched_getaffinity(0)))))
     monkeypatch.setattr(make_tables.summarize, "summarize", lambda root: {"lr_sweep": [],
                                                                           "runs": []})
     page = tmp_path / "docs" / "analysis.md"
@@ -359,8 +361,8 @@ def test_make_tables_trains_its_grids_pinned_and_the_pin_holds_in_the_child(tmp_
     page.write_text("<!-- table:lr_cpu begin -->\nold\n<!-- table:lr_cpu end -->\n")
     monkeypatch.setattr(make_tables, "REPO", tmp_path)
     make_tables.make("lr_cpu", tmp_path / "runs", run=True)
-    ((argv, kw),) = calls
+    ((argv, kw, cores),) = calls
     assert argv[1:3] == ["-m", "experiments.run_grid"]
     assert kw["env"]["XLA_FLAGS"] == cpu_pinning.PINNED == (
         "--xla_cpu_max_isa=AVX2 --xla_cpu_experimental_ynn_fusion_type=")
-    assert kw["preexec_fn"] is not None and cpu_pinning.PINNED_CORES == 1
+    assert cores == cpu_pinning.PINNED_CORES == 1 and os.sched_getaffinity(0) == before
