@@ -13,9 +13,10 @@ here so callers never branch on it:
   removed only after all copies exist (a directory rename is not atomic there anyway).
 - `read_current` / `read_json_current`: the whole current content of a small file other
   processes rewrite (a grid's manifest and run statuses, which a second grid driver or
-  the summary reads while the first writes them). Read through an ordinary open, an object is read up to the
-  size fsspec's listing cache holds for it, so a rewrite that grew it reads truncated (a
-  grid's worker once failed on half a status file): in a bucket it is one GET of the object.
+  the summary reads while the first writes them). Read through an ordinary open, an object
+  is read up to the size fsspec's listing cache holds for it, so a rewrite that grew it
+  reads truncated (a grid's worker once failed on half a status file): in a bucket it is
+  one GET of the object.
 """
 
 from __future__ import annotations
