@@ -51,7 +51,7 @@ from gated_attention.interrupts import EXIT_CODES
 from gated_attention.workdir_lock import WorkdirBusyError, WorkdirLock
 
 NAMESPACE = "gated_attention"
-LOG_SYNC_SECONDS = 30.0  # a running command's output reaches the root at most this late (+1 s)
+LOG_SYNC_SECONDS = 30.0  # how late a running command's output may reach the grid's root
 STOP_GRACE_S = 120.0  # how long a stopped trainer may take to save before it is killed
 LOCK_WAIT_S = 300.0  # how long a host waits for an earlier trainer to leave a local workdir
 GUARD_WAIT_S = 60.0  # how long a run waits for a dead driver's guard to go

@@ -6,8 +6,10 @@ construction and the next launch takes it over. The file names the holder (host,
 start time), so a refused second launch can say which process is alive.
 
 Only local workdirs are locked: an object store (gs://) has no advisory locks; there a
-second launch is not detected (on a pod, the hosts of one run share the workdir and only
-process 0 would lock it anyway).
+second launch is not detected here (on a pod, the hosts of one run share the workdir and only
+process 0 would lock it anyway). What launches runs into a bucket keeps them apart instead: a
+grid on Ray holds a Ray actor named after each live run's workdir (experiments/ray_grid.py),
+JobSet runs one job per workload name on GKE.
 """
 
 from __future__ import annotations
