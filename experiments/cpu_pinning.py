@@ -16,9 +16,10 @@ agree in every bit share a group. A finished setting is kept; a rerun only compa
 
 PINNED and PINNED_CORES are what `make tables` trains with (experiments/make_tables.py),
 chosen from these measurements (docs/reproducibility.md): XLA's code limited to AVX2, which
-every x86-64 server of the last decade has; no YNNPACK kernels, which choose their code by the
-host CPU whatever XLA's limit; and one core, since the core count changed the numbers under
-every XLA flag tried.
+every x86-64 server of the last decade has; no YNNPACK kernels, library code with its own
+choice of instructions; and one core, since the core count changed the numbers under every
+XLA flag tried. A host then repeats itself bit for bit; an emulated AMD CPU still differed in
+the last bit at step 1, so hosts stay a source of variance.
 """
 
 from __future__ import annotations

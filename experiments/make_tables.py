@@ -14,9 +14,9 @@ whose runs come from several commits, hosts or XLA settings says so in bold.
 
 The grids train under `--xla_flags` on `--cores` cores (defaults: experiments.cpu_pinning's
 PINNED and PINNED_CORES), passed to every run as XLA_FLAGS and a CPU affinity and recorded in
-its record.json, so that hosts with other vector units or core counts compute the same
-numbers (what was measured: docs/reproducibility.md); `--xla_flags= --cores=0` trains as the
-host likes.
+its record.json, so that neither a host's core count nor its vector width changes the
+numbers (another kind of CPU still can in the last bit: docs/reproducibility.md);
+`--xla_flags= --cores=0` trains as the host likes.
 
     sinks_cpu  docs/sinks.md     the seven Table 4 rows of experiments/grids/sinks_cpu.py, seeds 0-4
     lr_cpu     docs/analysis.md  experiments/grids/lr_cpu.py shortened (batch 4, 200 steps),
