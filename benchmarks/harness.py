@@ -39,10 +39,11 @@ TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_
 
 def write_folder(folder: pathlib.Path, shape: dict) -> list[str]:
     """Random Qwen3 weights through the project's export, and a Qwen-style tokenizer.json."""
+    from pydoc_data.topics import topics  # the language reference: ships with CPython
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from gated_attention import config_lib, hf
-    from pydoc_data.topics import topics  # the language reference: ships with CPython
     from gated_attention.model import build_model
 
     config = config_lib.base_config("tiny", "baseline")
