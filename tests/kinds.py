@@ -127,6 +127,15 @@ REGISTRY: dict[str, tuple[str, dict[str, str]]] = {
         "test_cli_refuses_an_unknown_gpu_in_one_line_before_compiling": "error_message",
         "test_tiny_train_step_compiles_for_8_gpus_of_2_hosts_with_triton_kernels": "smoke",
         "test_gpu_report_dump_and_verdicts": "golden"}),
+    "test_harness": ("independent", {
+        "test_batch_and_bucket_change_nothing": "two_paths",
+        "test_three_tasks_through_lm_evals_evaluator_and_its_files": "smoke",
+        "test_bad_input_is_one_line_naming_the_flag_before_any_compile": "error_message",
+        "test_bad_harness_fields_are_config_errors": "error_message",
+        "test_training_hook_and_the_command_on_the_trained_run": "two_paths",
+        "test_chat_template_renders_as_transformers_would": "golden"}),
+    "test_harness_summary": ("independent", {
+        "test_no_benchmark_section_without_scores": "golden"}),
     "test_grids": ("golden", {
         "test_every_grid_loads_at_every_scale": "smoke",
         "test_paper_grids_cover_every_table_row": "independent",
