@@ -73,36 +73,13 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _distinct(done: Sequence[Mapping[str, Any]], key: str) -> list[Any]:
-    return sorted({r.get(key) for r in done if r.get(key) is not None}, key=str)
-
-
 def produced_line(result: Mapping[str, Any], command: str, ran: bool = True) -> str:
-    """The command, the commits, hosts and XLA settings of the finished runs' record.json,
-    and their seeds; in bold where the runs mix commits, hosts or settings."""
-    done = [r for r in result["runs"] if r["state"] == "done"]
-    commits = _distinct(done, "commit")
-    dirty = any(r.get("dirty") for r in done)
-    seeds = sorted({r["seed"] for r in done})
-    hosts = _distinct(done, "host_cpu")
-    settings = sorted({(r.get("xla_flags") or "(none)", r.get("cpu_threads")) for r in done
-                       if "xla_flags" in r and r.get("xla_flags") is not None}, key=str)
+    """The command, then the commits, seeds, hosts and XLA settings of the finished runs'
+    record.json (summarize.provenance_text: in bold where they mix)."""
     head = (f"Produced by `{command}`, then `python -m experiments.summarize`" if ran else
             f"Summarised by `make tables --no_run` from the runs found under the grid's root "
             f"(the command that makes them: `{command}`)")
-    text = (head + f", at commit{'s' if len(commits) > 1 else ''} "
-            + (", ".join(f"`{c[:10]}`" for c in commits) or "unknown")
-            + (" (with uncommitted changes)" if dirty else "")
-            + f", seeds {', '.join(map(str, seeds)) or 'none'}"
-            + (f", on {'; '.join(hosts)}" if hosts else ", host not recorded")
-            + (", XLA_FLAGS " + "; ".join(f"`{f}` ({t} cores)" for f, t in settings)
-               if settings else ", XLA settings not recorded") + ".")
-    mixed = [what for what, values in (("commits", commits), ("hosts", hosts),
-                                       ("XLA settings", settings)) if len(values) > 1]
-    if mixed:
-        text += (f" **The runs mix {' and '.join(mixed)}**: rows compare as runs of different "
-                 "seeds do, not bit for bit.")
-    return text
+    return head + ", " + summarize.provenance_text(result["runs"])
 
 
 def paired_cell(entry: Mapping[str, Any] | None) -> str:

@@ -270,6 +270,34 @@ def host_fields(hardware: Mapping[str, Any]) -> dict[str, Any]:
             "xla_flags": hardware.get("xla_flags"), "cpu_threads": hardware.get("cpu_threads")}
 
 
+def _distinct(done: Sequence[Mapping[str, Any]], key: str) -> list[Any]:
+    return sorted({r.get(key) for r in done if r.get(key) is not None}, key=str)
+
+
+def provenance_text(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Where the finished runs' numbers come from, from their record.json: "at commit(s) ...,
+    seeds ..., on <host CPU>, XLA_FLAGS ... (n cores)."; in bold where the runs mix commits,
+    hosts or XLA settings, since such rows compare as different seeds do, not bit for bit."""
+    done = [r for r in rows if r["state"] == "done"]
+    commits = _distinct(done, "commit")
+    hosts = _distinct(done, "host_cpu")
+    settings = sorted({(r.get("xla_flags") or "(none)", r.get("cpu_threads")) for r in done
+                       if r.get("xla_flags") is not None}, key=str)
+    text = (f"at commit{'s' if len(commits) > 1 else ''} "
+            + (", ".join(f"`{c[:10]}`" for c in commits) or "unknown")
+            + (" (with uncommitted changes)" if any(r.get("dirty") for r in done) else "")
+            + f", seeds {', '.join(map(str, sorted({r['seed'] for r in done}))) or 'none'}"
+            + (f", on {'; '.join(hosts)}" if hosts else ", host not recorded")
+            + (", XLA_FLAGS " + "; ".join(f"`{f}` ({t} cores)" for f, t in settings)
+               if settings else ", XLA settings not recorded") + ".")
+    mixed = [what for what, values in (("commits", commits), ("hosts", hosts),
+                                       ("XLA settings", settings)) if len(values) > 1]
+    if mixed:
+        text += (f" **The runs mix {' and '.join(mixed)}**: rows compare as runs of different "
+                 "seeds do, not bit for bit.")
+    return text
+
+
 def per_seed(rows: Sequence[Mapping[str, Any]], key: str) -> dict[str, dict[Any, float]]:
     """group label -> {seed: value} of one metric over the finished runs."""
     out: dict[str, dict[Any, float]] = {}
@@ -326,6 +354,13 @@ def seeds_cell(g: Mapping[str, Any]) -> str:
     return text + (f", {nonfinite} of {g['seeds']} non-finite" if nonfinite else "")
 
 
+def seed_list_cell(g: Mapping[str, Any]) -> str:
+    """The seeds a group's finished runs hold, and how many of them ended non-finite."""
+    nonfinite = max((v for k, v in g.items() if k.endswith("_nonfinite")), default=0)
+    return (", ".join(map(str, g.get("seed_list") or [])) or "-") + (
+        f" ({nonfinite} non-finite)" if nonfinite else "")
+
+
 def _pm(g: Mapping[str, Any], key: str, digits: int = 3) -> str:
     """mean ± standard error over the seeds (the std is in summary.csv)."""
     se = g.get(f"{key}_se")
@@ -340,6 +375,8 @@ def markdown(root: epath.Path, manifest: Mapping[str, Any] | None,
         lines += [f"Grid `{manifest.get('grid')}` at scale `{manifest.get('scale')}`"
                   + (f", settings {manifest.get('settings')}" if manifest.get("settings") else "")
                   + ".", ""]
+    if any(r["state"] == "done" for r in rows):
+        lines += ["Finished runs " + provenance_text(rows), ""]
     lines += [
         "Ours: held-out PPL and the analysis metrics of each run's last checkpoint (mean ± "
         "standard error over seeds; the std is in summary.csv); F-Attn excludes query 0; "
@@ -351,17 +388,18 @@ def markdown(root: epath.Path, manifest: Mapping[str, Any] | None,
         "record.json, for a run with no analysis (one training batch, with the weights that "
         "step started from: not the same measurement); - = neither.", "",
         *([ONE_SEED_WARNING, ""] if groups and max(g["seeds"] for g in groups) <= 1 else []),
-        "| run | seeds | PPL | paper PPL | F-Attn | paper F-Attn | sink rate | M-Act "
+        "| run | seeds | seed list | PPL | paper PPL | F-Attn | paper F-Attn | sink rate | M-Act "
         "| paper M-Act | gate | paper gate | spikes | diverged | +params (M) | paper +params (M) "
         "| sink from |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for g in groups:
         lines.append(
-            f"| {g['label']} (`{g['group']}`) | {seeds_cell(g)}"
+            f"| {g['label']} (`{g['group']}`) | {g['seeds']}"
             + (f" ({g['failed']} failed)" if g["failed"] else "")
             + (f" ({g['unfinished']} not done)" if g["unfinished"] else "")
-            + f" | {_pm(g, 'ppl')} | {_fmt(g['paper_ppl'])} | {_pm(g, 'f_attn')} "
+            + f" | {seed_list_cell(g)} | {_pm(g, 'ppl')} | {_fmt(g['paper_ppl'])} "
+            f"| {_pm(g, 'f_attn')} "
             f"| {_fmt(g['paper_f_attn'])} | {_pm(g, 'sink_rate', 2)} | {_pm(g, 'm_act')} "
             f"| {_fmt(g['paper_m_act'])} | {_pm(g, 'gate')} | {_fmt(g['paper_gate'])} "
             f"| {_fmt(g['spikes'], 2)} | {g['diverged']} | {_fmt(g['params_added_m'])} "

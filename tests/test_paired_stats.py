@@ -343,4 +343,4 @@ def test_failed_and_non_finite_runs_are_counted_in_the_row_not_dropped(tmp_path)
     assert "| g1_sdpa_elementwise | baseline | 0, 1 (2 of 4 failed or non-finite: 2, 3) |" in text
     group = next(g for g in result["groups"] if g["variant"] == "g1_sdpa_elementwise")
     assert group["seed_list"] == [0, 1, 2] and group["eval_loss_nonfinite"] == 1
-    assert "| 3 (0, 1, 2), 1 of 3 non-finite (1 failed) |" in text
+    assert "| 3 (1 failed) | 0, 1, 2 (1 non-finite) |" in text
