@@ -350,13 +350,18 @@ def seeds_cell(g: Mapping[str, Any]) -> str:
     """How many seeds a group holds and which: "3 (0, 1, 2)", with the runs whose numbers
     are non-finite (a diverged run) counted: they are left out of the means, never unseen."""
     text = f"{g['seeds']} ({', '.join(map(str, g.get('seed_list') or [])) or '-'})"
-    nonfinite = max((v for k, v in g.items() if k.endswith("_nonfinite")), default=0)
+    nonfinite = _nonfinite(g)
     return text + (f", {nonfinite} of {g['seeds']} non-finite" if nonfinite else "")
+
+
+def _nonfinite(g: Mapping[str, Any]) -> int:
+    """The most finished runs of a group with a non-finite value in any one metric."""
+    return max((v for k, v in g.items() if k.endswith("_nonfinite")), default=0)
 
 
 def seed_list_cell(g: Mapping[str, Any]) -> str:
     """The seeds a group's finished runs hold, and how many of them ended non-finite."""
-    nonfinite = max((v for k, v in g.items() if k.endswith("_nonfinite")), default=0)
+    nonfinite = _nonfinite(g)
     return (", ".join(map(str, g.get("seed_list") or [])) or "-") + (
         f" ({nonfinite} non-finite)" if nonfinite else "")
 
