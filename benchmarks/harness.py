@@ -2,17 +2,20 @@
 (transformers + torch) on the same Qwen3-style weights and the same requests, in one run.
 
     python benchmarks/harness.py            # a small Qwen3 (d 512, 4 layers), CPU
-    python benchmarks/harness.py --tiny     # seconds: a smoke run (tests/test_benchmarks.py)
+    python benchmarks/harness.py --tiny     # seconds: a smoke run
 
 Needs the bench extra (torch, transformers, accelerate). The model is random weights in the
 Qwen3 layout written by the project's own Hugging Face export; the tokenizer a byte-level BPE
 trained here (Qwen3's conventions: no BOS, <|endoftext|> ends text). Both backends read the
-same folder. Rows: tokens per second of `loglikelihood` (input tokens of the scored rows per
-second: 64 requests of a ~250-token context and a ~30-token continuation) and of
-`generate_until` (new tokens per second: 16 prompts, 64 greedy tokens each, no stop string
-met), each the best of --repeats calls after one warm-up call (ours compiles there; its time
-is printed too). It also prints the largest difference of the two backends' log-likelihoods
-and whether their greedy generations are identical. Batch size 16 for both.
+same folder. Columns: tokens per second of `loglikelihood` (input tokens of the rows the hf
+backend scores, per second) on two request mixes, multiple choice (16 questions of a
+~250-token context with 4 choices of ~30 tokens each, as HellaSwag and MMLU with answer
+texts: 64 requests) and unique contexts (64 requests of a ~250-token context and a ~30-token
+continuation each), and of `generate_until` (new tokens per second: 16 prompts, 64 greedy
+tokens each, no stop string met), each the best of --repeats calls after one warm-up call
+(ours compiles there; its time is printed too). It also prints the largest difference of
+the two backends' log-likelihoods and whether their greedy generations are identical.
+Batch size 16 for both.
 """
 
 from __future__ import annotations
@@ -70,16 +73,21 @@ def write_folder(folder: pathlib.Path, shape: dict) -> list[str]:
 
 
 def requests(corpus: list[str], n_ll: int, n_gen: int, gen_toks: int):
+    """(multiple-choice, unique-context, generation) requests."""
     from lm_eval.api.instance import Instance
 
     text = " ".join(corpus)
+    mc = [Instance("loglikelihood", {}, (text[q * 1499:q * 1499 + 1000],
+                                         text[q * 1499 + 1000 + c * 120:
+                                              q * 1499 + 1120 + c * 120]), 4 * q + c)
+          for q in range(n_ll // 4) for c in range(4)]
     ll = [Instance("loglikelihood", {}, (text[i * 997:i * 997 + 1000],
                                          text[i * 997 + 1000:i * 997 + 1120]), i)
           for i in range(n_ll)]
     gen = [Instance("generate_until", {}, (text[i * 577:i * 577 + 400],
                                            {"until": ["\n\n\n\n"], "max_gen_toks": gen_toks,
                                             "do_sample": False}), i) for i in range(n_gen)]
-    return ll, gen
+    return mc, ll, gen
 
 
 def timed(call, repeats: int) -> tuple[float, float, object]:
@@ -116,28 +124,40 @@ def main() -> None:
                              max_length=shape["max_position_embeddings"], batch_size=16)
         theirs = HFLM(pretrained=str(folder), dtype="float32", batch_size=16, device="cpu",
                       max_length=shape["max_position_embeddings"])
-        ll, gen = requests(corpus, n_ll, n_gen, gen_toks)
-        ll_tokens = sum(len((c + x)[-(shape["max_position_embeddings"] + 1):]) - 1
-                        for c, x in (ours._encode_pair(*r.args) for r in ll))
+        mixes = requests(corpus, n_ll, n_gen, gen_toks)
+        cap = shape["max_position_embeddings"]
+        ll_tokens = [sum(len((c + x)[-(cap + 1):]) - 1
+                         for c, x in (ours._encode_pair(*r.args) for r in mix))
+                     for mix in mixes[:2]]
         rows = []
         for name, lm in (("lm-eval hf (torch)", theirs), ("gated_attention (JAX)", ours)):
-            f1, t1, scores = timed(lambda lm=lm: lm.loglikelihood(ll, disable_tqdm=True),
-                                   args.repeats)
-            f2, t2, texts = timed(lambda lm=lm: lm.generate_until(gen, disable_tqdm=True),
-                                  args.repeats)
-            rows.append((name, ll_tokens / t1, f1, n_gen * gen_toks / t2, f2, scores, texts))
+            row = [name]
+            for mix, tokens in zip(mixes[:2], ll_tokens):
+                first, best, scores = timed(
+                    lambda lm=lm, mix=mix: lm.loglikelihood(mix, disable_tqdm=True),
+                    args.repeats)
+                row += [tokens / best, first, scores]
+            first, best, texts = timed(
+                lambda lm=lm: lm.generate_until(mixes[2], disable_tqdm=True), args.repeats)
+            rows.append(row + [n_gen * gen_toks / best, first, texts])
         print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}, torch "
-              f"{torch.__version__} ({torch.get_num_threads()} threads); model {shape}")
-        print("| backend | loglikelihood tokens/s | first call s | generate_until new tokens/s "
-              "| first call s |")
-        print("|---|---|---|---|---|")
-        for name, ll_rate, f1, gen_rate, f2, _, _ in rows:
-            print(f"| {name} | {ll_rate:,.0f} | {f1:.1f} | {gen_rate:,.0f} | {f2:.1f} |")
-        (_, r1, _, g1, _, s1, x1), (_, r2, _, g2, _, s2, x2) = rows
-        diff = max(abs(a[0] - b[0]) for a, b in zip(s1, s2))
-        print(f"speed-up: loglikelihood {r2 / r1:.2f}x, generate_until {g2 / g1:.2f}x; "
-              f"max |loglikelihood difference| {diff:.2e}; greedy texts identical: "
-              f"{sum(a == b for a, b in zip(x1, x2))}/{len(x1)}")
+              f"{torch.__version__} ({torch.get_num_threads()} threads); model {shape}; "
+              f"load average {os.getloadavg()}")
+        print("| backend | loglikelihood, multiple choice: tokens/s | first call s "
+              "| loglikelihood, unique contexts: tokens/s | first call s "
+              "| generate_until new tokens/s | first call s |")
+        print("|---|---|---|---|---|---|---|")
+        for name, mc_rate, f1, _, ll_rate, f2, _, gen_rate, f3, _ in rows:
+            print(f"| {name} | {mc_rate:,.0f} | {f1:.1f} | {ll_rate:,.0f} | {f2:.1f} "
+                  f"| {gen_rate:,.0f} | {f3:.1f} |")
+        theirs_row, ours_row = rows
+        diff = max(abs(a[0] - b[0]) for k in (3, 6) for a, b in zip(theirs_row[k],
+                                                                     ours_row[k]))
+        same = sum(a == b for a, b in zip(theirs_row[9], ours_row[9]))
+        print(f"speed-up: loglikelihood multiple choice {ours_row[1] / theirs_row[1]:.2f}x, "
+              f"unique contexts {ours_row[4] / theirs_row[4]:.2f}x, generate_until "
+              f"{ours_row[7] / theirs_row[7]:.2f}x; max |loglikelihood difference| "
+              f"{diff:.2e}; greedy texts identical: {same}/{len(theirs_row[9])}")
 
 
 if __name__ == "__main__":

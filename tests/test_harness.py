@@ -159,6 +159,35 @@ def test_batch_and_bucket_change_nothing(folder, lm):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
+def test_shared_contexts_equal_full_rows_and_numpy(folder, lm, monkeypatch):
+    """Multiple-choice requests (choices sharing a context, mixed lengths, one cut from the
+    left at max_length) score as one full row each does and as float64 numpy does."""
+    from gated_attention.evaluation import backend
+
+    _, hf, tensors = folder
+    words = lm.tok_encode(" ".join(texts(3)))
+    contexts = [words[:3], words[40:52], words[100:121]]
+    choices = [[words[5:6], words[60:62], words[80:85]],           # one-token choice too
+               [words[7:8], words[9:10], words[200:206], words[210:213]],
+               [words[300:302], words[310:316], words[320:321]]]   # 21 + 6 > 24 + 1: cut
+    assert len(contexts[2]) + len(choices[2][1]) > MAX_LENGTH + 1
+    reqs = [(None, c, x) for c, xs in zip(contexts, choices) for x in xs]
+    rows = []
+    original = backend.JaxLM._score_shared_batch
+    monkeypatch.setattr(backend.JaxLM, "_score_shared_batch", lambda self, batch, *a: (
+        rows.append(sorted(i for piece in batch for i in piece)), original(self, batch, *a)))
+    ours = lm._loglikelihood_tokens(reqs)
+    cut = 3 + 4 + 1
+    assert sorted(i for b in rows for i in b) == [i for i in range(len(reqs)) if i != cut]
+    monkeypatch.setattr(backend.JaxLM, "_score_shared_batch", original)
+    for req, (logp, greedy) in zip(reqs, ours):
+        ((alone, alone_greedy),) = lm._loglikelihood_tokens([req])  # one full row
+        assert abs(logp - alone) < 1e-5 and greedy == alone_greedy, req
+        ref, ref_greedy = numpy_score(hf, tensors, req[1], req[2], MAX_LENGTH)
+        assert abs(logp - ref) < 1e-4 and greedy == ref_greedy, req
+
+
 TASKS = {
     "ga_mc": dict(output_type="multiple_choice", doc_to_text="{{question}}",
                   doc_to_target="{{answer}}", doc_to_choice="{{choices}}",

@@ -12,8 +12,10 @@ on the same weights:
 - generate_until: contexts cut from the left to max_length - max_gen_toks, greedy unless the
   task samples, stopped at EOS or a stop string, the text cut at the first stop string.
 What differs is only how the work is laid out: rows sorted by length, padded to a few length
-buckets and a fixed batch (engine.py), and rows whose inputs are equal scored once (a
-multiple-choice question with one-token answers is one row).
+buckets and a fixed batch (engine.py), rows whose inputs are equal scored once (a
+multiple-choice question with one-token answers is one row), and a context that several
+requests share run once, its continuations over its KV cache (not when the row is cut from
+the left at max_length: then the context is not whole and the full row is scored).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from gated_attention.evaluation.tokens import TextCodec
 
 Request = tuple[Any, list[int], list[int]]
 DEFAULT_MAX_GEN_TOKS = 256  # the hf backend's
+SHARED_ROWS = 4  # continuation rows per context row in a shared-context batch (4 choices)
 
 
 class JaxLM(TemplateLM):
@@ -116,7 +119,8 @@ class JaxLM(TemplateLM):
                               **kwargs: Any) -> list[tuple[float, bool]]:
         """(sum of the continuation's log-probabilities, is_greedy) per request."""
         inputs, targets, conts = [], [], []
-        for _, context_enc, continuation_enc in requests:
+        by_context: dict[tuple[int, ...], list[int]] = {}
+        for i, (_, context_enc, continuation_enc) in enumerate(requests):
             if not context_enc or not continuation_enc or (
                     len(continuation_enc) > self.max_length):
                 raise ValueError("a request needs a context, a continuation, and a "
@@ -125,44 +129,101 @@ class JaxLM(TemplateLM):
             inputs.append(tuple(whole[:-1]))
             targets.append(whole[1:])
             conts.append(len(continuation_enc))
-        # Requests with equal inputs differ at most in their last target: one row serves all.
-        rows: dict[tuple[int, ...], list[int]] = {}
-        for i, inp in enumerate(inputs):
-            rows.setdefault(inp, []).append(i)
-        keys = list(rows)
-        order = buckets.longest_first(keys, [len(k) for k in keys])
+            if len(context_enc) >= 2 and len(whole) == len(context_enc) + len(
+                    continuation_enc):  # not cut from the left: the context is whole
+                by_context.setdefault(tuple(context_enc), []).append(i)
+        shared = [members for members in by_context.values() if len(members) > 1]
+        in_shared = {i for members in shared for i in members}
         results: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
-        for chunk in buckets.chunks(order, self.batch_rows):
-            length = buckets.bucket_length(len(keys[chunk[0]]), self.max_length)
-            lead = [rows[keys[r]][0] for r in chunk]
-            tok = buckets.right_padded([keys[r] for r in chunk], length, self.batch_rows)
-            tgt = buckets.right_padded([targets[i] for i in lead], length, self.batch_rows)
-            last = np.zeros(self.batch_rows, np.int32)
-            last[:len(chunk)] = [len(keys[r]) - 1 for r in chunk]
-            shared = any(len(rows[keys[r]]) > 1 for r in chunk)
-            logp, greedy, last_logp = self.engine.score(tok, tgt, last, want_last=shared)
-            self.tokens_scored += sum(len(keys[r]) for r in chunk)
-            for slot, r in enumerate(chunk):
-                end = len(keys[r])
-                for i in rows[keys[r]]:
-                    results[i] = self._one(logp[slot], greedy[slot],
-                                           last_logp[slot] if shared else None, end,
-                                           conts[i], targets[i][-1], i == lead[slot])
+        self._score_rows([i for i in range(len(requests)) if i not in in_shared], inputs,
+                         targets, conts, results)
+        self._score_shared_contexts(shared, requests, results)
         for (req, _, _), answer in zip(requests, results):
             if req is not None:
                 self.cache_hook.add_partial("loglikelihood", req, answer)
         return results
 
+    def _score_rows(self, which: list[int], inputs: list[tuple[int, ...]],
+                    targets: list[list[int]], conts: list[int],
+                    results: list[tuple[float, bool]]) -> None:
+        """One full forward per row (the hf backend's layout); requests with equal inputs
+        differ at most in their last target, so one row serves all of them."""
+        rows: dict[tuple[int, ...], list[int]] = {}
+        for i in which:
+            rows.setdefault(inputs[i], []).append(i)
+        keys = list(rows)
+        order = buckets.longest_first(keys, [len(k) for k in keys])
+        for chunk in buckets.chunks(order, self.batch_rows):
+            length = buckets.bucket_length(len(keys[chunk[0]]), self.max_length)
+            span = buckets.span_length(max(conts[i] for r in chunk for i in rows[keys[r]]),
+                                       length)
+            lead = [rows[keys[r]][0] for r in chunk]
+            tok = buckets.right_padded([keys[r] for r in chunk], length, self.batch_rows)
+            tgt = buckets.right_aligned([targets[i] for i in lead], span, self.batch_rows)
+            ends = np.zeros(self.batch_rows, np.int32)
+            ends[:len(chunk)] = [len(keys[r]) for r in chunk]
+            want_last = any(len(rows[keys[r]]) > 1 for r in chunk)
+            logp, greedy, last_logp = self.engine.score(tok, tgt, ends, want_last=want_last)
+            self.tokens_scored += sum(len(keys[r]) for r in chunk)
+            for slot, r in enumerate(chunk):
+                for i in rows[keys[r]]:
+                    results[i] = self._one(logp[slot], greedy[slot],
+                                           last_logp[slot] if want_last else None,
+                                           conts[i], targets[i][-1], i == lead[slot])
+
+    def _score_shared_contexts(self, groups: list[list[int]], requests: Sequence[Request],
+                               results: list[tuple[float, bool]]) -> None:
+        """Requests sharing a context (the choices of a multiple-choice question): each
+        context runs once into the KV cache, each continuation then over that cache. The
+        numbers are the full rows' (same positions, same causal visibility)."""
+        pieces = [members[k:k + SHARED_ROWS * self.batch_rows] for members in groups
+                  for k in range(0, len(members), SHARED_ROWS * self.batch_rows)]
+        pieces.sort(key=lambda members: -len(requests[members[0]][1]))
+        batch: list[list[int]] = []
+        for piece in pieces + [[]]:
+            rows = sum(len(p) for p in batch)
+            if batch and (not piece or len(batch) == self.batch_rows or
+                          rows + len(piece) > SHARED_ROWS * self.batch_rows):
+                self._score_shared_batch(batch, requests, results)
+                batch = []
+            batch.append(piece)
+
+    def _score_shared_batch(self, batch: list[list[int]], requests: Sequence[Request],
+                            results: list[tuple[float, bool]]) -> None:
+        contexts = [list(requests[members[0]][1]) for members in batch]
+        members = [i for piece in batch for i in piece]
+        owner = np.zeros(buckets.round_up(len(members), self.batch_rows), np.int32)
+        owner[:len(members)] = [c for c, piece in enumerate(batch) for _ in piece]
+        ctx_tok, ctx_pos = buckets.left_padded(
+            [c[:-1] for c in contexts],
+            buckets.bucket_length(max(len(c) - 1 for c in contexts), self.max_length),
+            self.batch_rows)
+        conts = [list(requests[i][2]) for i in members]
+        span = buckets.span_length(max(len(c) for c in conts), self.max_length)
+        suffixes = [[contexts[owner[r]][-1]] + cont[:-1] for r, cont in enumerate(conts)]
+        suf_pos = np.tile(np.arange(span, dtype=np.int32), (len(owner), 1))
+        suf_pos[:len(members)] += np.asarray([len(contexts[owner[r]]) - 1
+                                              for r in range(len(members))])[:, None]
+        logp, greedy = self.engine.score_shared(
+            ctx_tok, ctx_pos, owner, buckets.right_padded(suffixes, span, len(owner)), suf_pos,
+            buckets.right_padded(conts, span, len(owner)))
+        self.tokens_scored += sum(len(c) - 1 for c in contexts) + sum(map(len, conts))
+        for r, (i, cont) in enumerate(zip(members, conts)):
+            n = len(cont)
+            results[i] = (float(logp[r, :n].sum(dtype=np.float64)), bool(greedy[r, :n].all()))
+
     @staticmethod
-    def _one(logp: np.ndarray, greedy: np.ndarray, last_logp: np.ndarray | None, end: int,
-             n: int, last_target: int, is_lead: bool) -> tuple[float, bool]:
-        """One request's answer from its row: positions end-n..end-1, the last one read from
-        the whole log-softmax when the row was scored for another request's target."""
+    def _one(logp: np.ndarray, greedy: np.ndarray, last_logp: np.ndarray | None, n: int,
+             last_target: int, is_lead: bool) -> tuple[float, bool]:
+        """One request's answer from its row's scored span (its last n positions), the last
+        one read from the whole log-softmax when the row was scored for another request's
+        target."""
         if is_lead:
-            return float(logp[end - n:end].sum(dtype=np.float64)), bool(greedy[end - n:end].all())
-        body = float(logp[end - n:end - 1].sum(dtype=np.float64))
+            return float(logp[-n:].sum(dtype=np.float64)), bool(greedy[-n:].all())
+        body = float(logp[len(logp) - n:-1].sum(dtype=np.float64))
         tail = float(last_logp[last_target])
-        is_greedy = bool(greedy[end - n:end - 1].all()) and int(np.argmax(last_logp)) == last_target
+        is_greedy = bool(greedy[len(logp) - n:-1].all()) and int(
+            np.argmax(last_logp)) == last_target
         return body + tail, is_greedy
 
     def loglikelihood_rolling(self, requests: Sequence[Any], disable_tqdm: bool = False

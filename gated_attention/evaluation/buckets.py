@@ -30,6 +30,14 @@ def bucket_length(length: int, cap: int) -> int:
         octave *= 2
 
 
+def span_length(length: int, cap: int) -> int:
+    """The scored span's length: a power of two up to 16 (one-token answers stay one
+    position), then `bucket_length`'s ladder; at most `cap`."""
+    if length <= SMALLEST_BUCKET:
+        return min(1 << max(length - 1, 0).bit_length(), cap)
+    return bucket_length(length, cap)
+
+
 def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
@@ -50,6 +58,16 @@ def right_padded(rows: Sequence[Sequence[int]], length: int, batch: int,
     out = np.full((batch, length), pad_id, np.int32)
     for i, row in enumerate(rows):
         out[i, :len(row)] = row
+    return out
+
+
+def right_aligned(rows: Sequence[Sequence[int]], length: int, batch: int,
+                  pad_id: int = 0) -> np.ndarray:
+    """[batch, length] int32: each row's last `length` entries, right-aligned."""
+    out = np.full((batch, length), pad_id, np.int32)
+    for i, row in enumerate(rows):
+        tail = list(row)[-length:]
+        out[i, length - len(tail):] = tail
     return out
 
 

@@ -1,9 +1,12 @@
 """The compiled work behind the lm-eval backend: scoring padded rows and decoding with a KV cache.
 
-Scoring reads the model's final hidden states and forms the logits at most 128 positions at a time
-(a [batch, length, vocab] array of a 151,936-entry vocabulary would not fit), keeping per
-position the target's log-probability and whether it is the argmax, and, for rows that other
-requests share, the last position's whole log-softmax. Decoding is the model's KV-cache path
+Scoring reads the model's final hidden states and forms the logits only at the scored
+positions (a continuation's, not its context's), at most 128 positions at a time (a [batch,
+length, vocab] array of a 151,936-entry vocabulary would not fit), keeping per position the
+target's log-probability and whether it is the argmax, and, for rows that other requests
+share, the last position's whole log-softmax. Continuations that share a context (the choices
+of a multiple-choice question) run over that context's KV cache: the context once, not once
+per choice. Decoding is the model's KV-cache path
 (layers/kv_cache.py): one prefill of the left-padded prompts, then blocks of steps in one
 `lax.scan` each, so stop sequences are checked on the host once per block.
 
@@ -31,13 +34,12 @@ from gated_attention.model import Transformer, per_layer
 LOGITS_CHUNK = 128
 
 
-def _score(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, targets: jax.Array,
-           last: jax.Array, *, want_last: bool) -> tuple[jax.Array, ...]:
-    """(target log-prob [b, L], target is argmax [b, L], last row's log-softmax [b, V] or [])."""
-    model = nnx.merge(graphdef, state)
-    x, table, _ = model.features(tokens)
-    b, length, d = x.shape
-    chunk = length if length <= LOGITS_CHUNK else math.gcd(length, LOGITS_CHUNK)
+def _target_logp(x: jax.Array, table: jax.Array, targets: jax.Array
+                 ) -> tuple[jax.Array, jax.Array]:
+    """(target log-prob [b, K], target is argmax [b, K]) of hidden states x [b, K, d], the
+    logits formed at most LOGITS_CHUNK positions at a time."""
+    b, span, d = x.shape
+    chunk = span if span <= LOGITS_CHUNK else math.gcd(span, LOGITS_CHUNK)
 
     def one(carry: None, piece: tuple[jax.Array, jax.Array]) -> tuple[None, tuple]:
         xc, tc = piece  # [b, chunk, d], [b, chunk]
@@ -46,16 +48,43 @@ def _score(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, targets:
         logp = picked - jax.nn.logsumexp(logits, axis=-1)
         return None, (logp, jnp.argmax(logits, axis=-1) == tc)
 
-    pieces = (x.reshape(b, length // chunk, chunk, d).swapaxes(0, 1),
-              targets.reshape(b, length // chunk, chunk).swapaxes(0, 1))
+    pieces = (x.reshape(b, span // chunk, chunk, d).swapaxes(0, 1),
+              targets.reshape(b, span // chunk, chunk).swapaxes(0, 1))
     _, (logp, greedy) = jax.lax.scan(one, None, pieces)
-    logp = logp.swapaxes(0, 1).reshape(b, length)
-    greedy = greedy.swapaxes(0, 1).reshape(b, length)
+    return logp.swapaxes(0, 1).reshape(b, span), greedy.swapaxes(0, 1).reshape(b, span)
+
+
+def _score(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, targets: jax.Array,
+           ends: jax.Array, *, want_last: bool) -> tuple[jax.Array, ...]:
+    """(target log-prob [b, K], target is argmax [b, K], last position's log-softmax [b, V]
+    or []) of the K positions ending at each row's `ends`: only the scored positions (a
+    continuation, not its context) get the vocabulary projection."""
+    model = nnx.merge(graphdef, state)
+    x, table, _ = model.features(tokens)
+    span = targets.shape[1]
+    where = jnp.maximum(ends[:, None] - span + jnp.arange(span), 0)  # [b, K]
+    x = jnp.take_along_axis(x, where[..., None], axis=1)
+    logp, greedy = _target_logp(x, table, targets)
     if not want_last:
         return logp, greedy, jnp.zeros((0,), jnp.float32)
-    x_last = jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
-    logits = jnp.einsum("bD,VD->bV", x_last, table, preferred_element_type=jnp.float32)
+    logits = jnp.einsum("bD,VD->bV", x[:, -1], table, preferred_element_type=jnp.float32)
     return logp, greedy, jax.nn.log_softmax(logits, axis=-1)
+
+
+def _score_shared(graphdef: nnx.GraphDef, state: nnx.State, contexts: jax.Array,
+                  context_positions: jax.Array, owner: jax.Array, suffixes: jax.Array,
+                  suffix_positions: jax.Array, targets: jax.Array
+                  ) -> tuple[jax.Array, jax.Array]:
+    """Continuations scored over their contexts' KV cache: each left-padded context [c, Lc]
+    runs once, its cache rows are gathered to its continuations (`owner` [b]), and each
+    suffix row [b, K] (the context's last token, then the continuation but its last token)
+    runs over them; (target log-prob [b, K], target is argmax [b, K])."""
+    model = nnx.merge(graphdef, state)
+    caches = empty_caches(model.cfg, contexts.shape[0], contexts.shape[1] + suffixes.shape[1])
+    model.features(contexts, positions=context_positions, kv_caches=caches)
+    caches = jax.tree.map(lambda a: jnp.take(a, owner, axis=0) if a.ndim else a, caches)
+    x, table, _ = model.features(suffixes, positions=suffix_positions, kv_caches=caches)
+    return _target_logp(x, table, targets)
 
 
 def _forward(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, positions: jax.Array,
@@ -121,19 +150,32 @@ class Engine:
         self.graphdef = graphdef
         self._score = jax.jit(functools.partial(_score, graphdef),
                               static_argnames=("want_last",), out_shardings=replicated)
-        self._decoder_state, self._decoder_jits = None, None
+        self._decoder_state, self._decoder_jits, self._shared_jit = None, None, None
         self.row_multiple = int(np.prod([self.mesh.shape[a] for a in ("data", "fsdp")
                                          if a in self.mesh.shape]))
 
     def _put(self, array: np.ndarray, where: NamedSharding) -> jax.Array:
         return jax.make_array_from_callback(array.shape, where, lambda index: array[index])
 
-    def score(self, tokens: np.ndarray, targets: np.ndarray, last: np.ndarray,
+    def score(self, tokens: np.ndarray, targets: np.ndarray, ends: np.ndarray,
               want_last: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Right-padded rows [b, L]; targets [b, K] of the K positions before `ends` [b]."""
         with jax.set_mesh(self.mesh), sharding.logical_rules(self.rules):
             out = self._score(self.state, self._put(tokens, self._rows),
-                              self._put(targets, self._rows), self._put(last, self._vector),
+                              self._put(targets, self._rows), self._put(ends, self._vector),
                               want_last=want_last)
+        return tuple(np.asarray(o) for o in out)
+
+    def score_shared(self, contexts: np.ndarray, context_positions: np.ndarray,
+                     owner: np.ndarray, suffixes: np.ndarray, suffix_positions: np.ndarray,
+                     targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """See `_score_shared`: contexts run once, continuations over their KV cache."""
+        state, *_ = self._decoding()
+        with jax.set_mesh(self.mesh), sharding.logical_rules(self.rules):
+            out = self._shared_jit(
+                state, self._put(contexts, self._rows), self._put(context_positions, self._rows),
+                self._put(owner, self._vector), self._put(suffixes, self._rows),
+                self._put(suffix_positions, self._rows), self._put(targets, self._rows))
         return tuple(np.asarray(o) for o in out)
 
     def update(self, state: nnx.State) -> None:
@@ -153,6 +195,8 @@ class Engine:
                     jax.jit(functools.partial(_decode, graphdef),
                             static_argnames=("steps", "temperature", "top_p", "top_k"),
                             donate_argnums=(1,)))
+                self._shared_jit = jax.jit(functools.partial(_score_shared, graphdef),
+                                           out_shardings=self._replicated)
         return (self._decoder_state, *self._decoder_jits)
 
     def generate(self, tokens: np.ndarray, positions: np.ndarray, *, max_new: int, block: int,
