@@ -238,8 +238,10 @@ def test_summary_of_a_bucket_root(tmp_path, fake_bucket, capsys):
     text = (bucket / "summary.md").read_text()
     # Paper PPL order elementwise < headwise < baseline is ours too (Table 4: 5.761 / 5.792 /
     # 6.026), and F-Attn's (.048 / .073 / .467); M-Act (paper 94 / 98 / 1053) swaps the two
-    # gated rows: 1 - 6 * 2 / (3 * 8) = 0.5.
-    assert "- **PPL** ours: g1_sdpa_elementwise < g1_sdpa_headwise < baseline" in text
+    # gated rows: 1 - 6 * 2 / (3 * 8) = 0.5. Each row is off by the same amount at both seeds:
+    # the exact sign-flip p of two equal differences is 2 / 2^2 = 0.5, so no row is ranked
+    # above another (ties, within the noise).
+    assert "- **PPL** ours: g1_sdpa_elementwise ≈ g1_sdpa_headwise ≈ baseline" in text
     assert text.count("Spearman rho = 1.00 over 3 rows") == 2
     assert "Spearman rho = 0.50 over 3 rows" in text
     with open(bucket / "runs.csv") as f:
