@@ -13,9 +13,10 @@ backend scores, per second) on two request mixes, multiple choice (16 questions 
 texts: 64 requests) and unique contexts (64 requests of a ~250-token context and a ~30-token
 continuation each), and of `generate_until` (new tokens per second: 16 prompts, 64 greedy
 tokens each, no stop string met), each the best of --repeats calls after one warm-up call
-(ours compiles there; its time is printed too). It also prints the largest difference of
-the two backends' log-likelihoods and whether their greedy generations are identical.
-Batch size 16 for both.
+(ours compiles there; its time is printed too); the two backends take turns call by call, so
+a change in the load of a shared machine reaches both alike. It also prints the largest
+difference of the two backends' log-likelihoods and whether their greedy generations are
+identical. Batch size 16 for both.
 """
 
 from __future__ import annotations
@@ -90,23 +91,27 @@ def requests(corpus: list[str], n_ll: int, n_gen: int, gen_toks: int):
     return mc, ll, gen
 
 
-def timed(call, repeats: int) -> tuple[float, float, object]:
-    """(first call's seconds, best of `repeats` later calls, the result)."""
-    start = time.perf_counter()
-    out = call()
-    first = time.perf_counter() - start
-    best = float("inf")
-    for _ in range(repeats):
+def timed_side_by_side(calls: list, repeats: int) -> list[tuple[float, float, object]]:
+    """Per call: (first call's seconds, best of `repeats` later calls, the result). The calls
+    take turns (first, second, first, second, ...), so a change in the shared machine's load
+    reaches both backends alike instead of one backend's whole block."""
+    out = []
+    for call in calls:
         start = time.perf_counter()
-        out = call()
-        best = min(best, time.perf_counter() - start)
-    return first, best, out
+        result = call()
+        out.append([time.perf_counter() - start, float("inf"), result])
+    for _ in range(repeats):
+        for entry, call in zip(out, calls):
+            start = time.perf_counter()
+            entry[2] = call()
+            entry[1] = min(entry[1], time.perf_counter() - start)
+    return [tuple(entry) for entry in out]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tiny", action="store_true")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     import jax
     import torch
@@ -129,17 +134,17 @@ def main() -> None:
         ll_tokens = [sum(len((c + x)[-(cap + 1):]) - 1
                          for c, x in (ours._encode_pair(*r.args) for r in mix))
                      for mix in mixes[:2]]
-        rows = []
-        for name, lm in (("lm-eval hf (torch)", theirs), ("gated_attention (JAX)", ours)):
-            row = [name]
-            for mix, tokens in zip(mixes[:2], ll_tokens):
-                first, best, scores = timed(
-                    lambda lm=lm, mix=mix: lm.loglikelihood(mix, disable_tqdm=True),
-                    args.repeats)
+        backends = (("lm-eval hf (torch)", theirs), ("gated_attention (JAX)", ours))
+        rows = [[name] for name, _ in backends]
+        for mix, tokens in zip(mixes[:2], ll_tokens):
+            for row, (first, best, scores) in zip(rows, timed_side_by_side(
+                    [lambda lm=lm, mix=mix: lm.loglikelihood(mix, disable_tqdm=True)
+                     for _, lm in backends], args.repeats)):
                 row += [tokens / best, first, scores]
-            first, best, texts = timed(
-                lambda lm=lm: lm.generate_until(mixes[2], disable_tqdm=True), args.repeats)
-            rows.append(row + [n_gen * gen_toks / best, first, texts])
+        for row, (first, best, texts) in zip(rows, timed_side_by_side(
+                [lambda lm=lm: lm.generate_until(mixes[2], disable_tqdm=True)
+                 for _, lm in backends], args.repeats)):
+            row += [n_gen * gen_toks / best, first, texts]
         print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}, torch "
               f"{torch.__version__} ({torch.get_num_threads()} threads); model {shape}; "
               f"load average {os.getloadavg()}")
