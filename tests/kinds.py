@@ -102,7 +102,7 @@ REGISTRY: dict[str, tuple[str, dict[str, str]]] = {
         "test_a_diverging_learning_rate_stops_after_max_skipped": "error_message",
         "test_a_live_run_holds_its_workdir_and_a_stale_lock_is_taken_over": "error_message"}),
     "test_first_hour": ("golden", {
-        "test_the_readmes_python_example_defines_every_name_it_uses": "smoke",
+        "test_the_python_example_of_the_docs_defines_every_name_it_uses": "smoke",
         "test_the_inspect_notebook_finds_a_run_in_the_folder_make_demo_writes":
             "error_message"}),
     "test_flags": ("golden", {}),

@@ -1,5 +1,5 @@
-"""A new user's first hour: the README's Quick start does what it says, its Python example
-runs as written, and CPU commands start without libtpu's start-up noise."""
+"""A new user's first hour: the README's Quick start does what it says, the Python example
+of docs/training.md runs as written, and CPU commands start without libtpu's start-up noise."""
 
 import importlib.util
 import json
@@ -16,6 +16,7 @@ from gated_attention import config_lib
 
 ROOT = Path(__file__).parents[1]
 README = (ROOT / "README.md").read_text()
+TRAINING_DOC = (ROOT / "docs" / "training.md").read_text()
 
 
 def section(title: str) -> str:
@@ -68,10 +69,10 @@ def test_the_quick_starts_second_run_changes_one_field_of_the_first():
 
 
 @pytest.mark.needs("ruff")
-def test_the_readmes_python_example_defines_every_name_it_uses():
+def test_the_python_example_of_the_docs_defines_every_name_it_uses():
     """ruff's undefined-name rule (F821) over the example as written (running it eagerly
     takes half a minute of op-by-op compiles, which the model tests cover)."""
-    code = next(b for b in blocks(README, "python") if "build_model" in b)
+    code = next(b for b in blocks(TRAINING_DOC, "python") if "build_model" in b)
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--select",
                              "F821,F401", "--stdin-filename", "example.py", "-"], input=code,
                             capture_output=True, text=True, timeout=60)
