@@ -238,3 +238,15 @@ def run_overrides(run: Run, scale: str, settings: Mapping[str, Any] | None = Non
             base = overrides.get(key, _schedule_default(run, field))
             overrides[key] = float(base) * float(multiplier)
     return overrides
+
+
+def define_selection_flags(flag_values: Any, root_help: str, only_help: str) -> None:
+    """--root, --scale, --seeds and --only: which runs of a grid a command acts on (run_grid
+    trains them, grid_workloads lists them for GKE), defined alike for both."""
+    from absl import flags
+
+    flags.DEFINE_string("root", None, root_help, flag_values=flag_values)
+    flags.DEFINE_string("scale", "tiny", f"One of {', '.join(SCALES)}.", flag_values=flag_values)
+    flags.DEFINE_string("seeds", "0", "Comma-separated seeds, e.g. 0,1,2.",
+                        flag_values=flag_values)
+    flags.DEFINE_string("only", "", only_help, flag_values=flag_values)

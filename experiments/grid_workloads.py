@@ -49,14 +49,9 @@ def run_lines(grid: str, root: str, scale: str, seeds: Sequence[int],
 
 
 def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
-    flags.DEFINE_string("root", None, "The grid's folder (gs://...); `{root}` in a run's "
-                        "overrides names it.", flag_values=flag_values)
-    flags.DEFINE_string("scale", "tiny", f"One of {', '.join(grid_lib.SCALES)}.",
-                        flag_values=flag_values)
-    flags.DEFINE_string("seeds", "0", "Comma-separated seeds, e.g. 0,1,2.",
-                        flag_values=flag_values)
-    flags.DEFINE_string("only", "", "Comma-separated run names to list.",
-                        flag_values=flag_values)
+    grid_lib.define_selection_flags(
+        flag_values, "The grid's folder (gs://...); `{root}` in a run's overrides names it.",
+        "Comma-separated run names to list.")
     flags.mark_flag_as_required("root", flag_values=flag_values)
     return flag_values
 

@@ -235,18 +235,13 @@ CLI = cli_flags.Command("experiments.run_grid", __doc__, positional=("grid",))
 def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
     """The command's flags, on `flag_values` (importing the module defines none); the grid
     file is the one positional argument."""
-    flags.DEFINE_string("root", None, "Directory that holds the grid's runs (local or "
-                        "gs://...; a bucket on a Ray cluster).", flag_values=flag_values)
-    flags.DEFINE_string("scale", "tiny", f"One of {', '.join(grid_lib.SCALES)}.",
-                        flag_values=flag_values)
-    flags.DEFINE_string("seeds", "0", "Comma-separated seeds, e.g. 0,1,2.",
-                        flag_values=flag_values)
+    grid_lib.define_selection_flags(
+        flag_values, "Directory that holds the grid's runs (local or gs://...; a bucket on a "
+        "Ray cluster).", "Comma-separated run names to run.")
     flags.DEFINE_integer("parallel", 0, "Runs at a time at most (0: as many as Ray has hosts "
                          "for).", flag_values=flag_values)
     flags.DEFINE_multi_string("set", [], "KEY=VALUE: a config override for every run, e.g. "
                               "train.steps=200 (repeatable).", flag_values=flag_values)
-    flags.DEFINE_string("only", "", "Comma-separated run names to run.",
-                        flag_values=flag_values)
     flags.DEFINE_string("lr_multipliers", "", "Comma-separated multipliers of each run's peak "
                         "learning rate, e.g. 0.5,1,2,4,8 (an LR sweep per variant).",
                         flag_values=flag_values)
