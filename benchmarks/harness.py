@@ -21,7 +21,6 @@ identical. Batch size 16 for both.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
@@ -109,10 +108,16 @@ def timed_side_by_side(calls: list, repeats: int) -> list[tuple[float, float, ob
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--tiny", action="store_true")
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    from absl import flags
+
+    from gated_attention import cli_flags
+
+    flag_values = flags.FlagValues()
+    flags.DEFINE_bool("tiny", False, "A seconds-long smoke run on a tiny model.",
+                      flag_values=flag_values)
+    flags.DEFINE_integer("repeats", 3, "Calls per backend; the best is kept.",
+                         flag_values=flag_values)
+    args = cli_flags.Command("benchmarks/harness.py", __doc__).parse(flag_values)
     import jax
     import torch
     from lm_eval.models.huggingface import HFLM

@@ -14,43 +14,57 @@ input is one line naming the flag (exit status 2) before anything compiles.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+import types
 from typing import Any
 
-from gated_attention import errors
+from absl import flags
+
+from gated_attention import cli_flags, errors
 from gated_attention.errors import UserError
 from gated_attention.evaluation import runner
 
+CLI = cli_flags.Command("gated_attention.harness", __doc__)
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gated_attention.harness",
-                                description=__doc__.split("\n\n")[0])
-    model = p.add_argument_group("model")
-    model.add_argument("--workdir", default="", help="A training run (its latest checkpoint and "
-                       "tokenizer).")
-    model.add_argument("--hf_dir", default="", help="A Hugging Face folder any layout "
-                       "load_pretrained reads (config.json, safetensors, tokenizer.json).")
-    model.add_argument("--dtype", default="float32", help="Compute dtype: float32 | bfloat16.")
-    model.add_argument("--max_length", type=int, default=0, help="Context length in tokens "
-                       "(default: the model's max_position_embeddings, a run's data.seq_len).")
-    lm = p.add_argument_group("lm-eval")
-    lm.add_argument("--tasks", default="", help="Comma-separated lm-eval task names.")
-    lm.add_argument("--num_fewshot", type=int, default=None)
-    lm.add_argument("--limit", type=float, default=None, help="Examples per task (a fraction "
-                    "if below 1).")
-    lm.add_argument("--include_path", default=None, help="A folder of task YAML files.")
-    lm.add_argument("--batch_size", default="16", help="Rows per compiled call (or 'auto' = "
-                    "16), rounded up to a multiple of the data-parallel devices.")
-    lm.add_argument("--output_path", default=None)
-    lm.add_argument("--log_samples", action="store_true")
-    lm.add_argument("--seed", type=int, default=0, help="lm-eval's seeds and the sampling seed.")
-    lm.add_argument("--apply_chat_template", action="store_true", help="Prompts through the "
-                    "tokenizer's chat_template (tokenizer_config.json).")
-    lm.add_argument("--allow_downloads", action="store_true", help="Let lm-eval fetch hub "
-                    "datasets (off: HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1).")
-    return p
+
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+    """The model's flags, then lm-eval's own under their lm-eval names."""
+    flags.DEFINE_string("workdir", "", "A training run (its latest checkpoint and tokenizer).",
+                        flag_values=flag_values)
+    flags.DEFINE_string("hf_dir", "", "A Hugging Face folder any layout load_pretrained reads "
+                        "(config.json, safetensors, tokenizer.json).", flag_values=flag_values)
+    flags.DEFINE_string("dtype", "float32", "Compute dtype: float32 | bfloat16.",
+                        flag_values=flag_values)
+    flags.DEFINE_integer("max_length", 0, "Context length in tokens (default: the model's "
+                         "max_position_embeddings, a run's data.seq_len).",
+                         flag_values=flag_values)
+    flags.DEFINE_string("tasks", "", "Comma-separated lm-eval task names.",
+                        flag_values=flag_values)
+    flags.DEFINE_integer("num_fewshot", None, "Few-shot examples per prompt (default: the "
+                         "task's).", flag_values=flag_values)
+    flags.DEFINE_float("limit", None, "Examples per task (a fraction if below 1).",
+                       flag_values=flag_values)
+    flags.DEFINE_string("include_path", None, "A folder of task YAML files.",
+                        flag_values=flag_values)
+    flags.DEFINE_string("batch_size", "16", "Rows per compiled call (or 'auto' = 16), rounded "
+                        "up to a multiple of the data-parallel devices.", flag_values=flag_values)
+    flags.DEFINE_string("output_path", None, "Where lm-eval's results and samples files go.",
+                        flag_values=flag_values)
+    flags.DEFINE_bool("log_samples", False, "Write samples_<task>_<date>.jsonl files.",
+                      flag_values=flag_values)
+    flags.DEFINE_integer("seed", 0, "lm-eval's seeds and the sampling seed.",
+                         flag_values=flag_values)
+    flags.DEFINE_bool("apply_chat_template", False, "Prompts through the tokenizer's "
+                      "chat_template (tokenizer_config.json).", flag_values=flag_values)
+    flags.DEFINE_bool("allow_downloads", False, "Let lm-eval fetch hub datasets (off: "
+                      "HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1).", flag_values=flag_values)
+    return flag_values
+
+
+def parse(argv: list[str] | None = None) -> types.SimpleNamespace:
+    """The command line's values (absl flags on a FlagValues of this call's own)."""
+    return CLI.parse(define_flags(flags.FlagValues()), argv)
 
 
 def _batch_size(text: str) -> int:
@@ -65,7 +79,7 @@ def _batch_size(text: str) -> int:
     return value
 
 
-def check_flags(args: argparse.Namespace) -> runner.TaskRequest:
+def check_flags(args: types.SimpleNamespace) -> runner.TaskRequest:
     """Flags that need no model or task: checked first."""
     if args.max_length < 0:
         raise UserError(f"--max_length={args.max_length} must be >= 1 (0: the model's own)")
@@ -85,7 +99,7 @@ def check_flags(args: argparse.Namespace) -> runner.TaskRequest:
         allow_downloads=args.allow_downloads)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: types.SimpleNamespace) -> dict[str, Any]:
     request = check_flags(args)
     runner.set_offline(args.allow_downloads)  # before lm-eval and datasets are imported
     from gated_attention.evaluation import backend, engine, loading
@@ -105,7 +119,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+    args = parse(argv)
     try:
         results = run(args)
     except UserError as err:

@@ -227,7 +227,7 @@ def test_three_tasks_through_lm_evals_evaluator_and_its_files(folder, tmp_path):
     root, hf, tensors = folder
     tasks = write_tasks(tmp_path / "tasks")
     out = tmp_path / "out"
-    results = harness.run(harness.parser().parse_args([
+    results = harness.run(harness.parse([
         f"--hf_dir={root}", "--tasks=ga_mc,ga_rolling,ga_gen", f"--include_path={tasks}",
         f"--output_path={out}", "--log_samples", "--max_length=24", "--batch_size=4"]))
     assert set(results["results"]) == {"ga_mc", "ga_rolling", "ga_gen"}
@@ -314,7 +314,7 @@ def test_training_hook_and_the_command_on_the_trained_run(tmp_path):
     assert {"ga_mc/acc", "ga_gen/exact_match"} <= set(records[-1])
     record = json.loads((tmp_path / "run" / "record.json").read_text())
     assert record["final"]["harness"]["ga_mc/acc"] == records[-1]["ga_mc/acc"]
-    results = harness.run(harness.parser().parse_args([
+    results = harness.run(harness.parse([
         f"--workdir={tmp_path / 'run'}", "--tasks=ga_mc", f"--include_path={tasks}"]))
     assert results["results"]["ga_mc"]["acc,none"] == records[-1]["ga_mc/acc"]
 
