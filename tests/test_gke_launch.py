@@ -104,8 +104,9 @@ def test_xpk_writes_a_jobset_of_n_slices_restarted_by_jobset_from_the_built_imag
 def test_the_pods_sigterm_reaches_the_trainer_which_saves_before_the_exit_is_logged(
         tmp_path, gcs_bucket):  # noqa: F811
     # xpk's script runs its trap between the `sleep 5` of its wait loop: the trainer hears of
-    # the SIGTERM up to 5 s late, so the run is long enough to be still going by then.
-    steps = 120
+    # the SIGTERM up to 5 s late, so the run is far longer than that on any host (both attempts
+    # are stopped by a SIGTERM, so its length costs nothing).
+    steps = 10_000
     xpk = gke_launch(tmp_path, "--name", "r1", "--", *tiny_flags(steps, checkpoint_every=60),
                      BUCKET=f"{gcs_bucket}/ga", SLICES="1")
     _, main = container(xpk_manifest(tmp_path, xpk))
@@ -141,11 +142,18 @@ def test_the_pods_sigterm_reaches_the_trainer_which_saves_before_the_exit_is_log
     assert stopped and log.endswith("### exit 143\n"), log[-3000:]
     assert "EXIT_CODE=143" in out.read_text()  # xpk's script passed the code on
     # JobSet restarts the pod: the same command resumes from the checkpoint saved above
+    resumed = f"from its checkpoint at step {stopped.group(1)}."
     restarted = start()
-    assert restarted.wait(timeout=300) == 0, out.read_text()[-3000:]
+    deadline = time.monotonic() + 240
+    while resumed not in out.read_text() or f"step {int(stopped.group(1)) + 2}/" not in \
+            out.read_text().split(resumed)[-1]:
+        assert restarted.poll() is None and time.monotonic() < deadline, \
+            out.read_text()[-3000:]
+        time.sleep(0.05)
+    restarted.send_signal(signal.SIGTERM)  # preempted again: saved and logged again
+    assert restarted.wait(timeout=240) == 143, out.read_text()[-3000:]
     attempts = worker_log.attempts(f"{workdir}/logs", "slice-0-worker-0.log")
     assert len(attempts) == 2 and attempts[0] == first
     second = paths.read_current(attempts[1])
-    assert f"from its checkpoint at step {stopped.group(1)}." in second
-    assert second.endswith("### exit 0\n")
+    assert resumed in second and second.endswith("### exit 143\n"), second[-3000:]
     assert paths.read_current(first) == log  # the first attempt's log untouched

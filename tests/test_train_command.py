@@ -42,6 +42,9 @@ def test_the_demo_and_the_grids_launch_the_same_command(tmp_path):
     demo_train = demo.sink_train_commands(tmp_path, {"train.steps": 3}, progress=True,
                                           overwrite=False)[0]
     assert grid_train[:3] == demo_train[:3] == [sys.executable, "-m", train_command.MODULE]
+    # The launch scripts build it with common.sh's train_command, which asks this module.
+    common = (REPO / "tpu_scripts" / "common.sh").read_text()
+    assert "from gated_attention.train_command import main" in common
     for script in ("launch.sh", "gke_launch.sh"):
         text = (REPO / "tpu_scripts" / script).read_text()
-        assert "gated_attention.train_command" in text and "gated_attention.main --" not in text
+        assert '="$(train_command "' in text and "gated_attention.main --" not in text
