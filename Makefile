@@ -46,7 +46,7 @@ $(TEST_STAMP): $(CORE_STAMP)
 	$(DONE)
 	# The CUDA compile pair pinned to jax, and ptxas: the suite compiles for NVIDIA GPU targets
 	# deviceless too (no CUDA libraries, no GPU). It goes into its own folder, loaded only by
-	# GPU-target compiles (gated_attention/cuda_compile.py): in the environment's own packages
+	# GPU-target compiles (gated_attention/compile/cuda.py): in the environment's own packages
 	# it would print "Could not find cuda drivers" on every CPU run.
 	$(call STEP,3/5: the CUDA compile pair and ptxas into $(VENV)/cuda_compile - XLA:GPU with no GPU - about 223 MB to download / 570 MB installed)
 	V=$$($(PY) -c 'import jax; print(jax.__version__)'); $(PIP_STEPS) --no-deps --upgrade \

@@ -49,7 +49,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from gated_attention import cli_flags, ops
+from gated_attention import ops
+from gated_attention.cli import flags as cli_flags
 from gated_attention.ops import reference, testing
 from gated_attention.ops._flash_common import attention_flops
 from gated_attention.ops.block_sizes import device_kind_key
@@ -521,4 +522,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     main()

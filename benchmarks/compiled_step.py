@@ -7,7 +7,7 @@
         --config.model.remat=full --config.model.attention_impl=splash
 
 For each variant three programs are compiled by libtpu's XLA TPU compiler, deviceless, as the
-pre-flight compiles them (gated_attention/target_compile.py: `main`'s own train step):
+pre-flight compiles them (gated_attention/compile/target.py: `main`'s own train step):
 
 - the step as configured (scanned layers if the config scans): per-chip memory (arguments,
   temporaries, total) is read from it;
@@ -73,12 +73,12 @@ VIEWS = ("bitcast", "get-tuple-element", "tuple", "parameter", "constant", "copy
 
 def variant_config(config: Any, variant: str) -> Any:
     """`config` with its attention section (and label) replaced by the paper variant's."""
-    from gated_attention import config_lib
+    from gated_attention.config import run_config
 
     out = copy.deepcopy(config)
     with out.unlocked():
         out.variant = variant
-        out.attention = config_lib.attention_section(variant)
+        out.attention = run_config.attention_section(variant)
     return out
 
 
@@ -196,10 +196,11 @@ def measure(config: Any, mesh: Any, hlo: dict[str, str] | None = None,
     given, receives each program's optimized HLO ("full", "u1", "u2"). cost_only: skip the
     full step (no memory figures); unroll_loss=False costs the looped loss as compiled (its
     tiles counted once: the undercount this module corrects)."""
-    from gated_attention import config_lib, losses
-    from gated_attention.target_compile import compile_step
+    from gated_attention.compile.target import compile_step
+    from gated_attention.config import run_config
+    from gated_attention.training import losses
 
-    layers = config_lib.model_config(config).num_layers
+    layers = run_config.model_config(config).num_layers
     programs = {}
     todo = [("u1", unrolled(config, 1)), ("u2", unrolled(config, 2))]
     if not cost_only:
@@ -257,15 +258,15 @@ def format_table(results: dict[str, dict[str, Any]]) -> str:
 
 def run(config: Any, accelerator: str, variants: list[str], cost_only: bool = False,
         hlo_dir: str = "") -> dict[str, Any]:
-    from gated_attention import config_lib
-    from gated_attention.preflight import parse_target, tpu_mesh
+    from gated_attention.compile.preflight import parse_target, tpu_mesh
+    from gated_attention.config import run_config
 
     target = parse_target(accelerator)
     mesh = tpu_mesh(target.topology, config.mesh)
     results = {}
     for variant in variants:
         one = variant_config(config, variant)
-        config_lib.validate_run_config(one)
+        run_config.validate_run_config(one)
         hlo: dict[str, str] = {}
         results[variant] = measure(one, mesh, hlo, cost_only=cost_only)
         if hlo_dir:
@@ -279,7 +280,8 @@ def main(argv: list[str]) -> None:
     import jax
     from absl import flags
 
-    from gated_attention import config_lib, gpu_targets
+    from gated_attention.compile import gpu_targets
+    from gated_attention.config import run_config
 
     FLAGS = flags.FLAGS
     if len(argv) > 1:
@@ -287,13 +289,13 @@ def main(argv: list[str]) -> None:
     variants = [v for v in FLAGS.variants.split(",") if v] or [FLAGS.config.variant]
     try:
         for v in variants:
-            config_lib.attention_section(v)
+            run_config.attention_section(v)
         if gpu_targets.is_gpu_accelerator(FLAGS.accelerator):
-            raise config_lib.ConfigError(f"--accelerator={FLAGS.accelerator}: this benchmark "
+            raise run_config.ConfigError(f"--accelerator={FLAGS.accelerator}: this benchmark "
                                          "compiles for TPU slices (XLA:GPU has no cost analysis)")
         results = run(FLAGS.config, FLAGS.accelerator, variants, FLAGS.cost_only,
                       FLAGS.hlo_dir)
-    except (config_lib.ConfigError, ValueError) as err:
+    except (run_config.ConfigError, ValueError) as err:
         sys.exit(f"compiled_step error: {err}")
     config = FLAGS.config
     header = (f"{config.arch} on {FLAGS.accelerator}, batch {config.train.batch_size} x "
@@ -310,6 +312,9 @@ def main(argv: list[str]) -> None:
     print(format_table(results))
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     import jax
 
     jax.config.update("jax_platforms", "cpu")

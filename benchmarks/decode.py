@@ -3,7 +3,8 @@
     python benchmarks/decode.py                                   # tiny and small, batch 1 and 8
     python benchmarks/decode.py --archs=tiny --batches=1 --new_tokens=16
 
-For each (arch, batch): tokens/s of `gated_attention.generate` (prefill once, then one token
+For each (arch, batch): tokens/s of `gated_attention.inference.generation` (prefill once, then one
+token
 per step from the KV cache; one jitted scan) and of a recomputation baseline that runs the
 whole sequence buffer through the model for every new token (also one jitted scan over a
 fixed-length buffer, so neither side recompiles). Both decode greedily from the same random
@@ -25,8 +26,10 @@ import numpy as np
 from absl import flags
 from flax import nnx
 
-from gated_attention import cli_flags, config_lib, generate
-from gated_attention.model import build_model
+from gated_attention.cli import flags as cli_flags
+from gated_attention.config import run_config
+from gated_attention.inference import generation as generate
+from gated_attention.model.transformer import build_model
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "prompt_len", "new_tokens"))
@@ -58,11 +61,11 @@ def timed(fn, repeats: int) -> tuple[float, np.ndarray]:
 
 
 def benchmark(arch: str, batch: int, args: types.SimpleNamespace) -> dict[str, float]:
-    config = config_lib.base_config(arch, args.variant)
+    config = run_config.base_config(arch, args.variant)
     config.model.dtype = "float32"
     if "scan_layers" in config.model:
         config.model.scan_layers = False
-    model = build_model(config_lib.model_config(config), seed=0)
+    model = build_model(run_config.model_config(config), seed=0)
     rng = np.random.default_rng(0)
     prompts = rng.integers(3, model.cfg.vocab_size, (batch, args.prompt_len), dtype=np.int32)
     cached_s, cached = timed(lambda: generate.generate(
@@ -107,4 +110,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     main()

@@ -20,7 +20,10 @@ import jax
 import numpy as np
 from absl import flags
 
-from gated_attention import checkpoint, cli_flags, config_lib, sharding, train
+from gated_attention.cli import flags as cli_flags
+from gated_attention.config import run_config
+from gated_attention.parallel import sharding
+from gated_attention.training import checkpoint, train
 
 
 def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
@@ -38,9 +41,9 @@ def main() -> None:
     args = cli_flags.Command("benchmarks/fault_overhead.py", __doc__).parse(
         define_flags(flags.FlagValues()))
 
-    config = config_lib.base_config(args.arch, args.variant)
+    config = run_config.base_config(args.arch, args.variant)
     config.data.seq_len, config.train.batch_size = args.seq_len, args.batch
-    cfg = config_lib.model_config(config)
+    cfg = run_config.model_config(config)
     mesh = sharding.create_mesh(config.mesh, jax.devices()[:1])
     graphdef, state, shardings = train.create_train_state(config, mesh)
     steps = {name: train.jit_train_step(
@@ -94,4 +97,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     main()

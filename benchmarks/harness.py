@@ -46,17 +46,18 @@ def write_folder(folder: pathlib.Path, shape: dict) -> list[str]:
 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from gated_attention import config_lib, hf
-    from gated_attention.model import build_model
+    from gated_attention import hf
+    from gated_attention.config import run_config
+    from gated_attention.model.transformer import build_model
 
-    config = config_lib.base_config("tiny", "baseline")
+    config = run_config.base_config("tiny", "baseline")
     config.model.update(dict(vocab_size=shape["vocab_size"], d_model=shape["hidden_size"],
                              num_layers=shape["num_hidden_layers"],
                              num_heads=shape["num_attention_heads"],
                              num_kv_heads=shape["num_key_value_heads"],
                              head_dim=shape["head_dim"], mlp_dim=shape["intermediate_size"]))
     config.data.seq_len = shape["max_position_embeddings"]
-    model = build_model(config_lib.model_config(config), seed=0)
+    model = build_model(run_config.model_config(config), seed=0)
     hf.save_pretrained(model, config, folder, layout="qwen3")
     corpus = [" ".join(t.split()) for _, t in sorted(topics.items())]
     tok = Tokenizer(models.BPE())
@@ -110,7 +111,7 @@ def timed_side_by_side(calls: list, repeats: int) -> list[tuple[float, float, ob
 def main() -> None:
     from absl import flags
 
-    from gated_attention import cli_flags
+    from gated_attention.cli import flags as cli_flags
 
     flag_values = flags.FlagValues()
     flags.DEFINE_bool("tiny", False, "A seconds-long smoke run on a tiny model.",
@@ -122,7 +123,8 @@ def main() -> None:
     import torch
     from lm_eval.models.huggingface import HFLM
 
-    from gated_attention.evaluation import backend, engine, loading
+    from gated_attention.evaluation import backend, engine
+    from gated_attention.inference import loading
 
     shape = TINY if args.tiny else SMALL
     n_ll, n_gen, gen_toks = (8, 4, 8) if args.tiny else (64, 16, 64)
@@ -171,4 +173,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     main()

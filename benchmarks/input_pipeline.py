@@ -27,7 +27,8 @@ from typing import Any
 
 from absl import flags
 
-from gated_attention import cli_flags, config_lib
+from gated_attention.cli import flags as cli_flags
+from gated_attention.config import run_config
 from gated_attention.data import array_record_source, corpus, prepare, streams, tokenizer
 from gated_attention.data.hf_tokenizer import HFTokenizer
 from gated_attention.inspect import train_flops_per_token
@@ -39,7 +40,7 @@ TARGET_ARCH, TARGET_SEQ, TARGET_MFU = "dense_1p7b_28l", 4096, 0.5
 
 
 def needed_tokens_per_s() -> dict[str, float]:
-    cfg = config_lib.model_config(config_lib.base_config(TARGET_ARCH, "baseline"))
+    cfg = run_config.model_config(run_config.base_config(TARGET_ARCH, "baseline"))
     per_token = train_flops_per_token(cfg, TARGET_SEQ)
     return {name: chips * TARGET_MFU * peak * 1e12 / per_token
             for name, (chips, peak) in HOSTS.items()}
@@ -70,7 +71,7 @@ def time_tokenize(tok: Any, texts: list[str], min_seconds: float) -> tuple[float
 
 def time_array_record(folder: str, packing: str, seq_len: int, batch: int,
                       min_seconds: float) -> float:
-    data = config_lib.data_section("tiny")
+    data = run_config.data_section("tiny")
     data.update(dict(seq_len=seq_len, packing=packing))
     manifest = array_record_source.read_manifest(folder)
     docs = array_record_source.train_documents(folder, manifest, seed=0)
@@ -117,7 +118,7 @@ def main() -> None:
         rows.append((f"on-the-fly tokenization: {name}", rate,
                      f"{per_pass / 1e6:.2f}M tokens per pass"))
 
-    config = config_lib.base_config("tiny", "baseline")
+    config = run_config.base_config("tiny", "baseline")
     config.data.update(dict(tokenizer="hf", tokenizer_path=hf_path))
     config.model.vocab_size = -(-HFTokenizer(hf_path).vocab_size // 128) * 128
     start = time.perf_counter()
@@ -142,4 +143,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     main()

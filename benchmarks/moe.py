@@ -29,10 +29,10 @@ import jax.numpy as jnp
 from absl import flags
 from flax import nnx
 
-from gated_attention import cli_flags
-from gated_attention.config_lib import base_config, model_config
-from gated_attention.layers.mlp import SwiGLU
-from gated_attention.layers.moe import MoEFeedForward
+from gated_attention.cli import flags as cli_flags
+from gated_attention.config.run_config import base_config, model_config
+from gated_attention.model.layers.mlp import SwiGLU
+from gated_attention.model.layers.moe import MoEFeedForward
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,4 +149,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     main()

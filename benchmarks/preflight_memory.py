@@ -3,7 +3,7 @@
     python benchmarks/preflight_memory.py [--small]
 
 1. the GPU pre-flight, deviceless (a CPU-only subprocess compiles for this GPU's target
-   config, gated_attention/gpu_targets.py): what a user reads before renting the GPU;
+   config, gated_attention/compile/gpu_targets.py): what a user reads before renting the GPU;
 2. the same step compiled on this GPU (XLA's memory_analysis with the real device);
 3. measured: the allocator's peak bytes in use after running the step here.
 On a machine without a GPU, (1) runs for an H200 and (2), (3) say "n/a". --small: the tiny
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from absl import flags as absl_flags
 
-from gated_attention import cli_flags
+from gated_attention.cli import flags as cli_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["arch=tiny", "--config.train.batch_size=8", "--config.model.num_layers=2"]
@@ -39,7 +39,7 @@ def gpu_name() -> str | None:
     """The gpu_targets node name of this machine's GPU, or None without one."""
     import jax
 
-    from gated_attention import gpu_targets
+    from gated_attention.compile import gpu_targets
 
     if jax.default_backend() != "gpu":
         return None
@@ -67,7 +67,10 @@ def measured_on_this_gpu(config_spec: str, flags: list[str]) -> tuple[int, int]:
     import numpy as np
     from ml_collections import config_flags
 
-    from gated_attention import config_lib, distributed, sharding, target_compile, train
+    from gated_attention.compile import target as target_compile
+    from gated_attention.config import run_config
+    from gated_attention.parallel import distributed, sharding
+    from gated_attention.training import train
 
     parsed = absl_flags.FlagValues()  # main's loader and overrides, on flags of our own
     config_flags.DEFINE_config_file("config", None, "", flag_values=parsed)
@@ -78,7 +81,7 @@ def measured_on_this_gpu(config_spec: str, flags: list[str]) -> tuple[int, int]:
     compiled = target_compile.compile_step(config, mesh, "train", platform="gpu")
     graphdef, state, shardings = train.create_train_state(config, mesh)
     step = train.jit_train_step(train.make_train_step(graphdef, config), mesh, shardings)
-    cfg = config_lib.model_config(config)
+    cfg = run_config.model_config(config)
     shape = (config.train.batch_size, config.data.seq_len)
     rng = np.random.default_rng(0)
     batch = {"inputs": rng.integers(3, cfg.vocab_size, shape, dtype=np.int32),
@@ -122,4 +125,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     main()

@@ -30,7 +30,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from experiments import grid_lib, run_grid  # noqa: E402
-from gated_attention import cli_flags, paths  # noqa: E402
+from gated_attention.cli import flags as cli_flags  # noqa: E402
+from gated_attention.core import paths  # noqa: E402
 
 SETTINGS = ["model.num_layers=1", "model.d_model=32", "model.num_heads=2", "model.num_kv_heads=1",
             "model.head_dim=16", "model.mlp_dim=64", "model.vocab_size=260",
@@ -158,4 +159,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     main()

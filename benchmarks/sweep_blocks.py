@@ -44,7 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks/ fold
 
 import attention as bench  # noqa: E402 - benchmarks/attention.py: inputs, timing, errors
 
-from gated_attention import cli_flags, ops, paths  # noqa: E402
+from gated_attention import ops  # noqa: E402
+from gated_attention.cli import flags as cli_flags
+from gated_attention.core import paths
 from gated_attention.ops.block_sizes import (  # noqa: E402
     BLOCK_KEYS,
     block_sizes_for,
@@ -400,4 +402,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     main()

@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 from absl import flags
 
-from gated_attention import cli_flags, ops
+from gated_attention import ops
+from gated_attention.cli import flags as cli_flags
 
 FEATURES = {"ungated": dict(gate=False, segments=False),
             "elementwise gate, segment ids": dict(gate=True, segments=True)}
@@ -160,4 +161,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     main()

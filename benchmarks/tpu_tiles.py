@@ -47,7 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks/ fold
 
 import tpu_bytes  # noqa: E402 - benchmarks/tpu_bytes.py: compile-only TPU devices
 
-from gated_attention import cli_flags, ops  # noqa: E402
+from gated_attention import ops  # noqa: E402
+from gated_attention.cli import flags as cli_flags
 from gated_attention.ops import block_sizes, pallas_tpu  # noqa: E402
 
 # Published per-chip figures: peak bf16 MXU FLOP/s and HBM bytes/s.
@@ -265,4 +266,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     main()

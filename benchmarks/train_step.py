@@ -22,7 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from gated_attention import cli_flags, config_lib, distributed, inspect, sharding, train
+from gated_attention import inspect
+from gated_attention.cli import flags as cli_flags
+from gated_attention.config import run_config
+from gated_attention.parallel import distributed, sharding
+from gated_attention.training import train
 
 # Dense bf16 peak per chip, TFLOP/s (vendor figures, without sparsity).
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "TPU v4": 275.0,
@@ -40,14 +44,14 @@ def device_peak_tflops(override: float | None) -> float | None:
 
 
 def benchmark(arch: str, variant: str, args: types.SimpleNamespace) -> dict[str, float]:
-    config = config_lib.base_config(arch, variant)
+    config = run_config.base_config(arch, variant)
     config.data.seq_len = args.seq_len
     config.train.batch_size = args.batch
     config.train.steps = 1000
     config.model.dtype = args.dtype
     config.model.remat = args.remat
     config.model.attention_impl = args.attention_impl
-    cfg = config_lib.model_config(config)
+    cfg = run_config.model_config(config)
     mesh = sharding.create_mesh(config.mesh)
     graphdef, state, shardings = train.create_train_state(config, mesh)
     step = train.jit_train_step(train.make_train_step(graphdef, config), mesh, shardings)
@@ -122,5 +126,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     jnp.zeros(())  # initialise the backend before timing
     main()

@@ -3,12 +3,12 @@
     --config=configs/ablation.py:arch=dense_1p7b_28l,variant=g1_sdpa_headwise
 
 arch: tiny, small, dense_1p7b_28l, dense_1p7b_48l, moe_15a2b, tiny_moe, small_moe.
-variant: any name in gated_attention.variants.VARIANTS (the paper's table row names).
-Each arch trains with its own defaults (config_lib.ARCH_TRAINING), the same whichever file
+variant: any name in gated_attention.model.variants.VARIANTS (the paper's table row names).
+Each arch trains with its own defaults (run_config.ARCH_TRAINING), the same whichever file
 in configs/ builds it.
 """
 
-from gated_attention.config_lib import base_config, parse_config_string
+from gated_attention.config.run_config import base_config, parse_config_string
 
 # Fields this file sets beyond its arch's defaults: none.
 OWN_FIELDS: tuple[str, ...] = ()

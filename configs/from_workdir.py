@@ -10,7 +10,7 @@ new run begins from its latest checkpoint's parameters at step 0.
 import json
 import pathlib
 
-from gated_attention import config_lib
+from gated_attention.config import run_config
 
 
 def get_config(arg: str | None = None):
@@ -21,6 +21,6 @@ def get_config(arg: str | None = None):
     if not path.exists():
         raise ValueError(f"{path} not found: configs/from_workdir.py:{arg} needs a run workdir")
     # saved_config: a run saved before data sections (flat names only) gets them back
-    config = config_lib.saved_config(json.loads(path.read_text()))
+    config = run_config.saved_config(json.loads(path.read_text()))
     config.train.init_from = str(pathlib.Path(arg).resolve())
     return config

@@ -7,7 +7,7 @@ gate keeps it from forming. arch defaults to sink_tiny (any arch works: its voca
 the chain's size).
 """
 
-from gated_attention.config_lib import (
+from gated_attention.config.run_config import (
     SINK_RECIPE,
     apply_overrides,
     base_config,

@@ -4,14 +4,14 @@
         --workdir=runs/tiny_g1
 
 arch: tiny (dense, the default) or tiny_moe (8 experts, top-2).
-variant: any name in gated_attention.variants.VARIANTS (the paper's table rows).
+variant: any name in gated_attention.model.variants.VARIANTS (the paper's table rows).
 Any field can be changed on the command line, e.g. --config.train.steps=600.
 
 The run (300 steps of 16 x 256 tokens, an eval and a checkpoint every 100) is the arch's
-own default (config_lib.ARCH_TRAINING), so configs/ablation.py:arch=tiny is the same run.
+own default (run_config.ARCH_TRAINING), so configs/ablation.py:arch=tiny is the same run.
 """
 
-from gated_attention.config_lib import family_config
+from gated_attention.config.run_config import family_config
 
 ARCHS = ("tiny", "tiny_moe")
 # Fields this file sets beyond its arch's defaults: none.

@@ -17,7 +17,7 @@ from typing import Any
 
 from experiments import paired_stats
 from gated_attention.analysis.sink_report import uniform_first_token
-from gated_attention.errors import UserError
+from gated_attention.core.errors import UserError
 
 # (key in a run row, title, digits): the metrics compared pair by pair.
 PAIRED_METRICS = (("eval_loss", "held-out loss", 4), ("ppl", "PPL", 3),

@@ -36,7 +36,7 @@ from typing import Any
 
 from absl import flags
 
-from gated_attention import cli_flags
+from gated_attention.cli import flags as cli_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ISA_LIMIT = "--xla_cpu_max_isa=AVX2"  # XLA's own code: vectors no wider than AVX2's
@@ -201,4 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     sys.exit(main())

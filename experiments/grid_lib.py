@@ -3,7 +3,7 @@
 A grid file under experiments/grids/ defines `runs(scale, seeds)`. `scale` maps the paper's
 architectures onto sizes one machine can train ("paper" keeps them), and adds the training
 length that suits that size. Row names are the paper's, as in experiments/paper_tables.json
-and gated_attention.variants.VARIANTS.
+and gated_attention.model.variants.VARIANTS.
 
 What a grid seed means (`SEED_OVERRIDES`): seed s sets the initial weights (`seed`, drawn per
 parameter name: train.init_by_name) and the data (`data.shuffle_seed`: the order of a corpus's
@@ -28,10 +28,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gated_attention.config_lib import ARCHS
+from gated_attention.config.run_config import ARCHS
+from gated_attention.core.errors import UserError
 from gated_attention.data import registry as data_registry
-from gated_attention.errors import UserError
-from gated_attention.variants import VARIANTS
+from gated_attention.model.variants import VARIANTS
 
 PAPER_TABLES_FILE = pathlib.Path(__file__).with_name("paper_tables.json")
 SCALES = ("tiny", "small", "paper")
@@ -194,7 +194,7 @@ def grid_runs(path: str | pathlib.Path, scale: str, seeds: Sequence[int]) -> lis
 
 
 def _schedule_default(run: Run, field: str) -> float:
-    from gated_attention.config_lib import base_config
+    from gated_attention.config.run_config import base_config
 
     return float(base_config(run.arch, run.variant).optimizer[field])
 

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from absl import flags
 
 from experiments import grid_lib
-from gated_attention import cli_flags, train_command
+from gated_attention.cli import flags as cli_flags
+from gated_attention.cli import train_command
 
 CONFIG_ARG = "configs/ablation.py"
 CLI = cli_flags.Command("experiments.grid_workloads", __doc__, positional=("grid",))
@@ -72,4 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     sys.exit(main())

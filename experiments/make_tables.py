@@ -37,7 +37,7 @@ from typing import Any
 from absl import flags
 
 from experiments import comparisons, cpu_pinning, paired_stats, rank_stats, summarize
-from gated_attention import cli_flags
+from gated_attention.cli import flags as cli_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SINK_VARIANTS = ("baseline", "g1_sdpa_elementwise", "g1_sdpa_headwise", "g1_sdpa_head_shared",
@@ -274,4 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     sys.exit(main())

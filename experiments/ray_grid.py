@@ -20,7 +20,7 @@ attempt loop lives here, around Ray's tasks, rather than in a task's own `max_re
 One live training per workdir: the driver holds, while a run lives, a Ray actor named after
 the run's workdir (`RunGuard`); Ray refuses a second actor of that name on the cluster and
 removes it when its driver dies. On top of that, before the first host starts a local
-workdir's trainer it waits for the workdir's lock (gated_attention.workdir_lock) to be free:
+workdir's trainer it waits for the workdir's lock (training/workdir_lock.py) to be free:
 a trainer of a killed driver still saving in its window finishes first.
 """
 
@@ -46,9 +46,10 @@ from typing import Any
 import ray
 
 from experiments import grid_lib
-from gated_attention import paths, watchdog
-from gated_attention.interrupts import EXIT_CODES
-from gated_attention.workdir_lock import WorkdirBusyError, WorkdirLock
+from gated_attention.core import paths
+from gated_attention.training import watchdog
+from gated_attention.training.interrupts import EXIT_CODES
+from gated_attention.training.workdir_lock import WorkdirBusyError, WorkdirLock
 
 NAMESPACE = "gated_attention"
 LOG_SYNC_SECONDS = 30.0  # how late a running command's output may reach the grid's root

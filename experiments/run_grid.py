@@ -26,7 +26,7 @@ driver holds (ray_grid.guard). `--command` / `--analyze_command` replace the lau
 (templates with {python}, {config}, {workdir}, {overrides}, {arch}, {variant}, {seed}).
 
 The root may be a bucket (`--root gs://bucket/grids/x`), which a Ray cluster needs (its nodes
-do not share a disk): every path goes through gated_attention.paths, and the commands get
+do not share a disk): every path goes through gated_attention.core.paths, and the commands get
 `--workdir=gs://...` as given.
 """
 
@@ -50,7 +50,9 @@ from absl import flags
 from etils import epath
 
 from experiments import grid_lib
-from gated_attention import cli_flags, paths, train_command
+from gated_attention.cli import flags as cli_flags
+from gated_attention.cli import train_command
+from gated_attention.core import paths
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_FILE = REPO_ROOT / "configs" / "ablation.py"
@@ -373,4 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     sys.exit(main())

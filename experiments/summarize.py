@@ -3,7 +3,7 @@
     python -m experiments.summarize runs/table1        # or gs://bucket/grids/table1
 
 Reads `<root>/runs.json` and each run's `analysis/analysis.json` (written by
-gated_attention.analyze) and `_status/<run>.json`, and writes `<root>/summary.md`,
+gated_attention.analysis.run_analysis) and `_status/<run>.json`, and writes `<root>/summary.md`,
 `<root>/summary.csv` (one row per run group, seeds averaged) and `<root>/runs.csv` (one row per
 run). Paper numbers come from experiments/paper_tables.json: PPL (and +Param) from the run's
 own table, gate score / M-Act / F-Attn from Table 4 where the variant is one of its rows.
@@ -14,10 +14,10 @@ paper value they give Spearman's rank correlation with the paper's order, with a
 interval over seeds. Each group lists the seeds it holds, and a run that diverged (a
 non-finite number) is counted there, never dropped unseen.
 A Table 5 grid (experiments/grids/table5.py) adds a long-context section: each continued
-run's `length_eval/length_eval.json` (gated_attention.evaluate_length) as retrieval score and
+run's `length_eval/length_eval.json` (gated_attention.analysis.length) as retrieval score and
 perplexity per length, with and without YaRN, beside the paper's RULER numbers at the same
 multiple of the training length; it is also written to `<root>/table5.csv`.
-Each run's `record.json` (gated_attention/run_record.py) gives its final train and held-out
+Each run's `record.json` (gated_attention/training/run_record.py) gives its final train and held-out
 loss, tokens, wall time and code version; its metrics.jsonl gives non-finite steps and loss
 spikes where the run was not analysed. A run with no analysis.json (a grid run with
 --no_analyze, or its analysis failed) takes its sink numbers (F-Attn, sink rate, M-Act, gate)
@@ -29,7 +29,7 @@ section (experiments/comparisons.py, experiments/paired_stats.py); a grid run wi
 `--lr_multipliers` adds a learning-rate section (`<root>/lr_sweep.csv`); a sink grid says
 whether its baseline formed a sink; a G1 elementwise row (at the recipe's learning rate)
 is placed on a ladder of published small-scale results.
-The root may be local or a bucket: every path is an etils.epath (gated_attention.paths).
+The root may be local or a bucket: every path is an etils.epath (gated_attention.core.paths).
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ from etils import epath
 from scipy import stats as scipy_stats
 
 from experiments import comparisons, grid_lib, rank_stats
-from gated_attention import cli_flags, errors, paths
+from gated_attention.cli import flags as cli_flags
+from gated_attention.core import errors, paths
 
 METRICS = (  # (our key, paper key, column title)
     ("ppl", "avg_ppl", "PPL"),
@@ -117,7 +118,7 @@ def paper_row(tables: Mapping[str, Any], table: str, variant: str,
 def _train_log(root: epath.Path, name: str, warmup_steps: int) -> dict[str, Any]:
     """Non-finite (skipped) steps and loss spikes from a run's metrics.jsonl."""
     from gated_attention.analysis import stability
-    from gated_attention.metrics_writer import read_jsonl
+    from gated_attention.training.metrics_writer import read_jsonl
 
     path = root / name / "metrics.jsonl"
     if not path.exists():
@@ -734,4 +735,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     sys.exit(main())

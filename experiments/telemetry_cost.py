@@ -7,7 +7,7 @@
         --topology=v5p:2x2x1 --extrapolate_layers --set mesh.fsdp=4 --set mesh.data=1 \
         --set train.batch_size=16 --set model.remat=full --set model.attention_impl=splash
 
-Compiles the train step and the telemetry function (gated_attention/telemetry.py) of the same
+Compiles the train step and the telemetry function (training/telemetry.py) of the same
 config for a deviceless TPU topology (libtpu, as the pre-flight does) and prints each one's
 FLOPs and bytes accessed per device and the telemetry's share of the step at
 train.telemetry_every. XLA's cost analysis counts a loop body once, whatever its trip count,
@@ -50,7 +50,7 @@ from typing import Any
 import jax
 from absl import flags
 
-from gated_attention import cli_flags
+from gated_attention.cli import flags as cli_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -63,14 +63,14 @@ def _config(text: str, settings: dict[str, Any]) -> Any:
     from ml_collections import config_flags  # noqa: F401 - the same loader as main
 
     from experiments.run_grid import parse_settings
-    from gated_attention import config_lib
+    from gated_attention.config import run_config
 
     path, _, arg = text.partition(":")
     module = {}
     exec(compile(open(path).read(), path, "exec"), module)  # noqa: S102 - a config file
     config = module["get_config"](arg or None)
     config.update_from_flattened_dict(parse_settings([f"{k}={v}" for k, v in settings.items()]))
-    config_lib.validate_run_config(config)
+    run_config.validate_run_config(config)
     return config
 
 
@@ -84,7 +84,7 @@ def _cost(compiled: Any) -> dict[str, float]:
 @contextlib.contextmanager
 def first_token_block(block: int) -> Iterator[None]:
     """Trace the telemetry's first-token pass with `block` queries x `block` keys per block."""
-    from gated_attention import telemetry
+    from gated_attention.training import telemetry
 
     original = telemetry.BLOCK
     telemetry.BLOCK = block
@@ -98,8 +98,9 @@ def compile_telemetry(config: Any, mesh: Any, block: int = 0) -> dict[str, Any]:
     """FLOPs and bytes per device of one telemetry call of `config` compiled for `mesh`'s TPU
     devices, with the while loops its optimized HLO keeps (trip counts other than 1); block 0:
     the first-token pass as one block."""
-    from gated_attention import sharding, telemetry, train
-    from gated_attention.target_compile import abstract_batch, compiling_for
+    from gated_attention.compile.target import abstract_batch, compiling_for
+    from gated_attention.parallel import sharding
+    from gated_attention.training import telemetry, train
 
     rules = sharding.rules_from_config(config.get("mesh"))
     start = time.perf_counter()
@@ -118,8 +119,8 @@ def compile_telemetry(config: Any, mesh: Any, block: int = 0) -> dict[str, Any]:
 def compile_step(config: Any, mesh: Any) -> dict[str, Any]:
     """FLOPs and bytes per device of the train step compiled whole (unscanned, the chunked
     loss's tiles unrolled, as compiled_step costs them)."""
-    from gated_attention import losses
-    from gated_attention.target_compile import compile_step as compile_target
+    from gated_attention.compile.target import compile_step as compile_target
+    from gated_attention.training import losses
 
     with losses.unrolled_tiles():
         step = compile_target(compiled_step.unrolled(config, config.model.num_layers), mesh)
@@ -147,7 +148,7 @@ def tpu_cost(config: Any, topology: str, extrapolate_layers: bool = False,
              block: int = 0) -> dict[str, Any]:
     """The train step's and one telemetry call's FLOPs and bytes per device for `topology`,
     and the telemetry's share of the steps at train.telemetry_every."""
-    from gated_attention.target_compile import tpu_mesh
+    from gated_attention.compile.target import tpu_mesh
 
     config = copy.deepcopy(config)
     mesh = tpu_mesh(topology, config.mesh)
@@ -174,7 +175,9 @@ def tpu_cost(config: Any, topology: str, extrapolate_layers: bool = False,
 def cpu_cost(config: Any, steps: int) -> dict[str, Any]:
     import numpy as np
 
-    from gated_attention import data, sharding, telemetry, train
+    from gated_attention import data
+    from gated_attention.parallel import sharding
+    from gated_attention.training import telemetry, train
 
     mesh = sharding.create_mesh(config.mesh, jax.devices()[:1])
     graphdef, state, shardings = train.create_train_state(config, mesh)
@@ -236,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         define_flags(flags.FlagValues()), argv)
     settings = dict(item.split("=", 1) for item in args.set)
     if args.block < 0:
-        from gated_attention.errors import UserError
+        from gated_attention.core.errors import UserError
 
         raise UserError(f"--block={args.block}: must be 0 (one block of seq_len) or a "
                         "positive block size such as 256")
@@ -253,4 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     sys.exit(main())

@@ -30,15 +30,15 @@ from typing import Any
 import jax.numpy as jnp
 from flax import nnx
 
-from gated_attention import errors, paths
-from gated_attention.config_lib import ConfigError
+from gated_attention.config.run_config import ConfigError
+from gated_attention.core import errors, paths
 from gated_attention.data import registry as data_registry
-from gated_attention.model import per_layer
+from gated_attention.model.transformer import per_layer
 
 
 def train_state(model: nnx.Module, config: Any) -> dict[str, Any]:
     """The train state of train.py for `model`'s weights: a fresh optimizer state, step 0."""
-    from gated_attention import optim
+    from gated_attention.training import optim
 
     _, params, _ = nnx.split(model, nnx.Param, ...)
     tx = optim.make_optimizer(config.optimizer, config.train.steps)
@@ -48,10 +48,11 @@ def train_state(model: nnx.Module, config: Any) -> dict[str, Any]:
 def from_hf(hf_dir: str | os.PathLike[str], workdir: str | os.PathLike[str], *,
             dtype: str = "float32") -> Any:
     """Import a Hugging Face folder into a new run workdir; returns the run config."""
-    from gated_attention import checkpoint as checkpoint_lib
-    from gated_attention import config_lib, hf
-    from gated_attention import workdir as workdir_lib
+    from gated_attention import hf
+    from gated_attention.config import run_config
     from gated_attention.hf import run_files
+    from gated_attention.training import checkpoint as checkpoint_lib
+    from gated_attention.training import workdir as workdir_lib
 
     hf_dir = pathlib.Path(hf_dir)
     model, config = hf.load_pretrained(hf_dir, dtype=dtype)  # every check before any write
@@ -61,7 +62,7 @@ def from_hf(hf_dir: str | os.PathLike[str], workdir: str | os.PathLike[str], *,
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if has_tokenizer:
-        config_lib.validate_run_config(config)
+        run_config.validate_run_config(config)
         data_registry.check_files(config)  # the tokenizer fits the vocabulary
         if config.data.get("tokenizer_path"):  # the workdir's copy
             config.data.tokenizer_path = str(root / pathlib.Path(config.data.tokenizer_path).name)
@@ -87,8 +88,9 @@ def to_hf(workdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
     """Export a run's checkpoint as a Hugging Face folder in `layout` (default: the layout it
     was imported from, else official), with its tokenizer and input settings; returns the
     files written."""
-    from gated_attention import hf, train
+    from gated_attention import hf
     from gated_attention.hf import layouts, run_files
+    from gated_attention.training import train
 
     root, out = paths.resolve(workdir), pathlib.Path(out)
     if layout is not None:
@@ -153,6 +155,9 @@ def define_flags() -> None:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     from absl import app
 
     define_flags()

@@ -24,7 +24,7 @@ from typing import Any
 
 from absl import app, flags, logging
 
-from gated_attention import train_command
+from gated_attention.cli import train_command
 
 VARIANTS = ("baseline", "g1_sdpa_elementwise")
 ANALYSIS_BATCHES, ANALYSIS_BATCH_SIZE = 4, 16  # held-out rows measured: 4 x 16 windows
@@ -59,9 +59,9 @@ def demo_overrides(steps: int, batch_size: int, seq_len: int, peak_lr: float) ->
 
 
 def demo_config(variant: str, overrides: dict[str, Any]):
-    from gated_attention import config_lib
+    from gated_attention.config import run_config
 
-    return config_lib.apply_overrides(config_lib.base_config("tiny", variant), overrides)
+    return run_config.apply_overrides(run_config.base_config("tiny", variant), overrides)
 
 
 def train_both(workdir: pathlib.Path, overrides: dict[str, Any], parallel: bool,
@@ -124,16 +124,16 @@ def _relay(stream: Any, out: Any, prefix: str) -> None:
 
 
 def _train_series(run_dir: pathlib.Path) -> list[tuple[int, float]]:
-    from gated_attention.metrics_writer import read_jsonl
+    from gated_attention.training.metrics_writer import read_jsonl
 
     return [(r["step"], r["loss"]) for r in read_jsonl(run_dir / "metrics.jsonl")
             if r.get("kind") == "train"]
 
 
 def analyze(workdir: pathlib.Path) -> dict[str, dict[str, Any]]:
-    """Each model's analysis (gated_attention.analyze: `<run>/analysis/`, what the notebooks
+    """Each model's analysis (analysis/run_analysis.py: `<run>/analysis/`, what the notebooks
     read) on the same held-out rows, with training's held-out loss beside it."""
-    from gated_attention import analyze as analyze_lib
+    from gated_attention.analysis import run_analysis as analyze_lib
 
     results = {}
     for variant in VARIANTS:
@@ -282,8 +282,7 @@ def train_and_report_sinks(workdir: pathlib.Path, parallel: bool) -> list[str]:
 def sink_emergence_lines(folder: pathlib.Path, results: dict[str, dict[str, Any]],
                          overrides: dict[str, Any]) -> list[str]:
     """The telemetry's sink-emergence curves of the two sink runs (telemetry_report.py)."""
-    from gated_attention import telemetry_report
-    from gated_attention.analysis import sink_report
+    from gated_attention.analysis import sink_report, telemetry_report
 
     seq_len = results[sink_report.SINK_VARIANTS[0]]["seq_len"]
     return telemetry_report.report_lines(folder, sink_report.SINK_VARIANTS, seq_len,
@@ -319,5 +318,8 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     define_flags()
     app.run(main)

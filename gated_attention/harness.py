@@ -21,8 +21,9 @@ from typing import Any
 
 from absl import flags
 
-from gated_attention import cli_flags, errors
-from gated_attention.errors import UserError
+from gated_attention.cli import flags as cli_flags
+from gated_attention.core import errors
+from gated_attention.core.errors import UserError
 from gated_attention.evaluation import runner
 
 CLI = cli_flags.Command("gated_attention.harness", __doc__)
@@ -102,7 +103,8 @@ def check_flags(args: types.SimpleNamespace) -> runner.TaskRequest:
 def run(args: types.SimpleNamespace) -> dict[str, Any]:
     request = check_flags(args)
     runner.set_offline(args.allow_downloads)  # before lm-eval and datasets are imported
-    from gated_attention.evaluation import backend, engine, loading
+    from gated_attention.evaluation import backend, engine
+    from gated_attention.inference import loading
 
     loading.check_source(args.workdir, args.hf_dir, args.dtype)
     runner.load_tasks(request)  # unknown tasks and offline datasets fail before the model
@@ -132,4 +134,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     main(sys.argv[1:])

@@ -6,8 +6,8 @@
 Prints total parameters, parameters added versus the same arch's baseline, per-module counts
 (layers folded together), training FLOPs per token (6 x matmul parameters active per token
 + causal attention) and per-device memory on a mesh (`--mesh=data=1,fsdp=8,tensor=1`, or
-config.mesh with `--num_devices=8`; formula in gated_attention/memory.py). The counting
-lives in gated_attention/accounting.py; nothing is allocated, so 15B configs work on a laptop.
+config.mesh with `--num_devices=8`; formula in gated_attention/compile/memory.py). The counting
+lives in gated_attention/model/accounting.py; nothing is allocated, so 15B configs work on a laptop.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Any
 
 import jax
 
-from gated_attention import memory
-from gated_attention.accounting import (  # noqa: F401 - the names this CLI has always exported
+from gated_attention.compile import memory
+from gated_attention.config.run_config import model_config
+from gated_attention.model.accounting import (  # noqa: F401 - the names this CLI has always exported
     active_params,
     count_params,
     matmul_params,
@@ -26,7 +27,6 @@ from gated_attention.accounting import (  # noqa: F401 - the names this CLI has 
     report,
     train_flops_per_token,
 )
-from gated_attention.config_lib import model_config
 
 
 def format_table(info: dict[str, Any]) -> str:
@@ -89,6 +89,9 @@ def define_flags() -> None:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     from absl import app
 
     define_flags()

@@ -25,7 +25,7 @@ from typing import NoReturn
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from gated_attention import errors
+from gated_attention.core import errors
 
 
 def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
@@ -57,7 +57,9 @@ def main(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> None:
     FLAGS = flag_values  # noqa: N806 - the parsed command line (absl's global one by default)
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    from gated_attention import checkpoint, config_lib, distributed, interrupts, train
+    from gated_attention.config import run_config
+    from gated_attention.parallel import distributed
+    from gated_attention.training import checkpoint, interrupts, train
 
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
     config = _load_config(FLAGS)
@@ -75,8 +77,8 @@ def main(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> None:
     except ImportError as err:  # the user's --seqio_module is missing
         errors.fail(err, "Config error")
     try:
-        config_lib.validate_run_config(config)
-        from gated_attention import run_checks  # the documents and a tokenizer that fits
+        run_config.validate_run_config(config)
+        from gated_attention.training import run_checks  # the documents and a tokenizer that fits
 
         run_checks.check_run(config, None if FLAGS.overwrite else FLAGS.workdir, inputs=False)
     except errors.UserError as err:
@@ -108,9 +110,9 @@ def main(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> None:
 
 
 def _fail(err: BaseException) -> NoReturn:
-    from gated_attention import config_lib
+    from gated_attention.config import run_config
 
-    errors.fail(err, "Config error" if isinstance(err, config_lib.ConfigError) else "Error")
+    errors.fail(err, "Config error" if isinstance(err, run_config.ConfigError) else "Error")
 
 
 def _load_config(FLAGS: flags.FlagValues):  # noqa: N803
@@ -159,5 +161,8 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> list[
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     define_flags(FLAGS)
     app.run(main, flags_parser=parse_flags)

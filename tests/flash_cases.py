@@ -20,9 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gated_attention import distributed, ops, sharding
+from gated_attention import ops
 from gated_attention.ops import reference, testing
 from gated_attention.ops.block_sizes import block_sizes_for
+from gated_attention.parallel import distributed, sharding
 
 FAST_COMPILE = testing.FAST_COMPILE  # interpret-mode kernels compile at half the cost
 

@@ -28,7 +28,11 @@ import conftest  # noqa: E402,F401  (jax flags, as in the test process)
 import jax  # noqa: E402
 import ml_collections  # noqa: E402
 
-from gated_attention import checkpoint, distributed, train  # noqa: E402
+from gated_attention.parallel import distributed
+from gated_attention.training import (
+    checkpoint,  # noqa: E402
+    train,
+)
 
 
 def die() -> None:

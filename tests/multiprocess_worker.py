@@ -46,7 +46,8 @@ def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
 
 if __name__ == "__main__":  # devices and platform must be fixed before jax is imported
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from gated_attention import cli_flags, cpu_compile
+    from gated_attention.cli import flags as cli_flags
+    from gated_attention.ops import cpu_compile
 
     ARGS = cli_flags.Command("tests/multiprocess_worker.py", __doc__).parse(
         define_flags(flags.FlagValues()))
@@ -58,16 +59,19 @@ import jax  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
-from gated_attention import checkpoint, config_lib, cpu_compile, distributed, sharding, train  # noqa: E402,E501
+from gated_attention.config import run_config  # noqa: E402
+from gated_attention.ops import cpu_compile  # noqa: E402
+from gated_attention.parallel import distributed, sharding  # noqa: E402
+from gated_attention.training import checkpoint, train  # noqa: E402
 
 GLOBAL_BATCH, SEQ_LEN, VOCAB = 8, 16, 256
-# Tests compile many small programs on a shared CPU (gated_attention/cpu_compile.py).
+# Tests compile many small programs on a shared CPU (gated_attention/ops/cpu_compile.py).
 FAST_COMPILE = cpu_compile.options()
 
 
 def tiny_config(mesh: dict | None = None) -> ml_collections.ConfigDict:
     """One layer, 8 query heads (split by tensor=2, 4 or 8), 4 kv heads (kept whole at 8)."""
-    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config = run_config.base_config("tiny", "g1_sdpa_elementwise")
     config.model.update(dict(num_layers=1, d_model=64, num_heads=8, num_kv_heads=4, head_dim=8,
                              mlp_dim=128, vocab_size=VOCAB, dtype="float32",
                              attention_impl="xla"))

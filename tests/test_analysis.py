@@ -11,19 +11,20 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention import capture, config_lib
-from gated_attention.analysis import plots, reductions, stability, stats
-from gated_attention.model import build_model
+from gated_attention.analysis import plots, stability, stats
+from gated_attention.config import run_config
+from gated_attention.model import capture, reductions
+from gated_attention.model.transformer import build_model
 
 S = 8  # sequence length of the hand-built cases
 HEAD_DIM = 16
 
 
 def tiny_model(variant: str = "g1_sdpa_headwise"):
-    config = config_lib.base_config("tiny", variant)
+    config = run_config.base_config("tiny", variant)
     config.model.update(dict(vocab_size=64, num_layers=2, d_model=32, num_heads=2,
                              num_kv_heads=1, head_dim=HEAD_DIM, mlp_dim=64, dtype="float32"))
-    return build_model(config_lib.model_config(config), seed=0)
+    return build_model(run_config.model_config(config), seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +248,7 @@ def test_read_metrics_and_plots(tmp_path):
 
 
 def test_analyze_keeps_an_earlier_steps_analysis(tmp_path):
-    from gated_attention import analyze
+    from gated_attention.analysis import run_analysis as analyze
 
     out = tmp_path / "analysis"
     out.mkdir()
@@ -266,7 +267,7 @@ def test_analyze_keeps_an_earlier_steps_analysis(tmp_path):
 @pytest.mark.reference("golden")
 def test_attention_maps_draw_every_layer_of_a_small_model_and_say_which_of_a_deep_one():
     """A 4-layer model's maps showed layers 0, 2, 3 and never said why 1 was missing."""
-    from gated_attention import analyze
+    from gated_attention.analysis import run_analysis as analyze
 
     assert analyze.default_layers(1) == [0] and analyze.default_layers(4) == [0, 1, 2, 3]
     assert analyze.default_layers(12) == [0, 6, 11]

@@ -7,9 +7,9 @@ import numpy_reference as ref
 import pytest
 from flax import nnx
 
-from gated_attention.layers.attention import Attention
-from gated_attention.model_config import ModelConfig
-from gated_attention.variants import BEYOND_PAPER, VARIANTS
+from gated_attention.model.layers.attention import Attention
+from gated_attention.model.model_config import ModelConfig
+from gated_attention.model.variants import BEYOND_PAPER, VARIANTS
 
 # The axes beyond the paper have their own numpy cases (tests/test_beyond_variants.py).
 ATTENTION_VARIANTS = [name for name, v in VARIANTS.items()

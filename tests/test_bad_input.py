@@ -14,7 +14,9 @@ import sys
 import pytest
 from absl import flags
 
-from gated_attention import config_lib, main, train, workdir
+from gated_attention import main
+from gated_attention.config import run_config
+from gated_attention.training import train, workdir
 
 CONFIG = "--config=configs/ablation.py:arch=tiny,variant=g1_sdpa_elementwise"
 
@@ -89,9 +91,9 @@ def a_longer_run(run_dir, tmp_path):
         flag_values = main.define_flags(flags.FlagValues())
         main.parse_flags(argv, flag_values)
         config = flag_values.config
-        from gated_attention import config_lib
+        from gated_attention.config import run_config
 
-        config_lib.validate_run_config(config)
+        run_config.validate_run_config(config)
     finally:
         sys.argv = saved_argv
     run_dir.mkdir()
@@ -169,19 +171,19 @@ def test_a_mistake_is_one_line_before_compiling_and_writes_nothing(tmp_path, mon
 
 def test_labels_follow_the_fields():
     """An axis override renames the variant; a label set apart from the fields is refused."""
-    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config = run_config.base_config("tiny", "g1_sdpa_elementwise")
     config.attention.activation = "silu"
-    config_lib.validate_run_config(config)
+    run_config.validate_run_config(config)
     assert config.variant == "g1_sdpa_elementwise+activation=silu"
-    config_lib.validate_run_config(config)  # a saved config.json validates again as it is
+    run_config.validate_run_config(config)  # a saved config.json validates again as it is
     assert config.variant == "g1_sdpa_elementwise+activation=silu"
-    config = config_lib.base_config("tiny", "baseline")
+    config = run_config.base_config("tiny", "baseline")
     config.variant = "g1_sdpa_elementwise"  # the label alone: the fields are the baseline's
-    with pytest.raises(config_lib.ConfigError, match=r"config.variant='g1_sdpa_elementwise' "
+    with pytest.raises(run_config.ConfigError, match=r"config.variant='g1_sdpa_elementwise' "
                        r"disagrees with config.attention, which holds 'baseline'"):
-        config_lib.validate_run_config(config)
-    config = config_lib.base_config("tiny", "baseline")
+        run_config.validate_run_config(config)
+    config = run_config.base_config("tiny", "baseline")
     config.arch = "small"
-    with pytest.raises(config_lib.ConfigError, match=r"config.arch='small' disagrees with "
+    with pytest.raises(run_config.ConfigError, match=r"config.arch='small' disagrees with "
                        r"config.model, which holds the 'tiny' architecture"):
-        config_lib.validate_run_config(config)
+        run_config.validate_run_config(config)

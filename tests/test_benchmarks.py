@@ -23,11 +23,11 @@ sys.path.insert(0, str(BENCH))
 import attention  # noqa: E402 - benchmarks/attention.py
 import sweep_blocks  # noqa: E402 - benchmarks/sweep_blocks.py
 
-from gated_attention import cpu_compile  # noqa: E402
+from gated_attention.ops import cpu_compile  # noqa: E402
 from gated_attention.ops.block_sizes import BLOCK_KEYS  # noqa: E402
 
 # No fake devices: one CPU device compiles the interpreted kernels fastest; cheap compiles
-# (gated_attention/cpu_compile.py) for the programs the script times only to rank them.
+# (gated_attention/ops/cpu_compile.py) for the programs the script times only to rank them.
 ENV = {**os.environ, "XLA_FLAGS": cpu_compile.xla_flags(), "JAX_PLATFORMS": "cpu",
        "PYTHON": sys.executable, "INSTALL_WHEELS": "0"}
 

@@ -15,11 +15,11 @@ import pytest
 from flax import nnx
 
 from gated_attention import ops
-from gated_attention.accounting import count_params, gate_params_closed_form
-from gated_attention.layers.attention import Attention, exclusive_self_attention
-from gated_attention.model_config import ModelConfig
+from gated_attention.model.accounting import count_params, gate_params_closed_form
+from gated_attention.model.layers.attention import Attention, exclusive_self_attention
+from gated_attention.model.model_config import ModelConfig
+from gated_attention.model.variants import BEYOND_PAPER, VARIANTS, AttentionVariant, VariantError
 from gated_attention.ops import chunked, reference
-from gated_attention.variants import BEYOND_PAPER, VARIANTS, AttentionVariant, VariantError
 
 D, H, KV, HD = 16, 4, 2, 8
 

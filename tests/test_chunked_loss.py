@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention import config_lib, losses, train
-from gated_attention.model import Transformer
+from gated_attention.config import run_config
+from gated_attention.model.transformer import Transformer
+from gated_attention.training import losses, train
 
 
 def numpy_loss_and_grads(x, table, targets, mask, z_loss):
@@ -134,7 +135,7 @@ def test_token_tiles_primal_path_computes_no_gradients():
 
 
 def tiny_config(**train_fields):
-    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config = run_config.base_config("tiny", "g1_sdpa_elementwise")
     config.model.num_layers = 2
     config.model.vocab_size = 300  # not a multiple of the tile: the clamped last tile
     config.train.z_loss = 1e-3
@@ -146,7 +147,7 @@ def tiny_config(**train_fields):
 def tiny_model():
     """tiny_config's model, split (graphdef, state); the loss settings leave it unchanged.
     Initialised once for the file: op by op, an initialisation costs a few CPU-s."""
-    return nnx.split(Transformer(config_lib.model_config(tiny_config()), rngs=nnx.Rngs(params=0)))
+    return nnx.split(Transformer(run_config.model_config(tiny_config()), rngs=nnx.Rngs(params=0)))
 
 
 def _train_loss_and_gradients(tiles: str, chunk_size: int):
@@ -162,7 +163,7 @@ def _train_loss_and_gradients(tiles: str, chunk_size: int):
              "mask": jnp.asarray(rng.random((2, 32)) > 0.2)}
     with config.unlocked():
         config.train.update(loss_chunk_size=chunk_size, loss_tiles=tiles)
-    config_lib.validate_run_config(config)
+    run_config.validate_run_config(config)
     loss_fn = train._loss_fn(graphdef, config)
     (loss, info), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params, batch)
     eval_loss, eval_info = jax.jit(loss_fn)(params, batch)  # the primal path
@@ -195,11 +196,11 @@ def test_a_config_saved_without_loss_tiles_tiles_the_vocabulary(monkeypatch):
     config = tiny_config(loss_chunk_size=128)
     with config.unlocked():
         del config.train["loss_tiles"]
-    config_lib.validate_run_config(config)
+    run_config.validate_run_config(config)
     called = []
     monkeypatch.setattr(losses, "chunked_cross_entropy",
                         lambda *args: called.append(args) or (jnp.zeros(()), {}))
-    assert config_lib.model_config(config) == config_lib.model_config(tiny_config())
+    assert run_config.model_config(config) == run_config.model_config(tiny_config())
     graphdef, params = tiny_model()
     tokens = jnp.zeros((1, 8), jnp.int32)
     # Traced, as the jitted train step traces it: the loss is picked while tracing (run op by
@@ -212,27 +213,27 @@ def test_a_config_saved_without_loss_tiles_tiles_the_vocabulary(monkeypatch):
 @pytest.mark.parametrize("bad", ["sequence", "", None])
 def test_bad_loss_tiles_are_refused_naming_the_field(bad):
     config = tiny_config(loss_tiles=bad)
-    with pytest.raises(config_lib.ConfigError,
+    with pytest.raises(run_config.ConfigError,
                        match=r"^train.loss_tiles=.* is not allowed; choose one of vocab, tokens$"):
-        config_lib.validate_run_config(config)
+        run_config.validate_run_config(config)
 
 
 @pytest.mark.parametrize("bad", [-1, -8192])
 def test_bad_chunk_sizes_are_refused_naming_the_field(bad):
     config = tiny_config()
     config.train.loss_chunk_size = bad
-    with pytest.raises(config_lib.ConfigError, match=r"train.loss_chunk_size=.* must be an "
+    with pytest.raises(run_config.ConfigError, match=r"train.loss_chunk_size=.* must be an "
                        r"integer >= 0"):
-        config_lib.validate_run_config(config)
+        run_config.validate_run_config(config)
 
 
 def test_paper_recipes_chunk_the_loss():
     for arch in ("dense_1p7b_28l", "dense_1p7b_48l", "moe_15a2b"):
-        train_section = config_lib.base_config(arch).train
-        assert train_section.loss_chunk_size == config_lib.PAPER_LOSS_CHUNK
-        assert train_section.loss_tiles == config_lib.PAPER_LOSS_TILES == "vocab"
-    assert config_lib.base_config("tiny").train.loss_chunk_size == 0
-    assert config_lib.base_config("tiny").train.loss_tiles == "vocab"
+        train_section = run_config.base_config(arch).train
+        assert train_section.loss_chunk_size == run_config.PAPER_LOSS_CHUNK
+        assert train_section.loss_tiles == run_config.PAPER_LOSS_TILES == "vocab"
+    assert run_config.base_config("tiny").train.loss_chunk_size == 0
+    assert run_config.base_config("tiny").train.loss_tiles == "vocab"
 
 
 def numpy_rounded_logits_loss(x, table, targets, mask):
@@ -294,9 +295,9 @@ def test_train_logits_dtype_compute_writes_the_logits_in_bfloat16(tiles, chunk):
     def logits_outputs(logits_dtype):
         config = tiny_config(loss_chunk_size=chunk, loss_tiles=tiles, logits_dtype=logits_dtype)
         config.model.dtype = "bfloat16"
-        config_lib.validate_run_config(config)
+        run_config.validate_run_config(config)
         bf16_graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(
-            config_lib.model_config(config), rngs=nnx.Rngs(params=0))))[0]
+            run_config.model_config(config), rngs=nnx.Rngs(params=0))))[0]
         tokens = jnp.zeros((2, 32), jnp.int32)
         text = jax.jit(jax.grad(lambda p: train._loss_fn(bf16_graphdef, config)(p, {
             "inputs": tokens, "targets": tokens, "mask": tokens == 0})[0])).lower(
@@ -310,6 +311,6 @@ def test_train_logits_dtype_compute_writes_the_logits_in_bfloat16(tiles, chunk):
 
 
 def test_bad_logits_dtypes_are_refused_naming_the_field():
-    with pytest.raises(config_lib.ConfigError, match=r"^train.logits_dtype='bfloat16' is not "
+    with pytest.raises(run_config.ConfigError, match=r"^train.logits_dtype='bfloat16' is not "
                        r"allowed; choose one of float32, compute$"):
-        config_lib.validate_run_config(tiny_config(logits_dtype="bfloat16"))
+        run_config.validate_run_config(tiny_config(logits_dtype="bfloat16"))

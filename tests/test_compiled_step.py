@@ -17,11 +17,11 @@ from pathlib import Path
 import jax.numpy as jnp
 import pytest
 
-from gated_attention import config_lib
-from gated_attention.layers.attention import Attention
-from gated_attention.layers.norms import RMSNorm
-from gated_attention.layers.rope import inverse_frequencies
-from gated_attention.target_compile import compile_step, tpu_mesh
+from gated_attention.compile.target import compile_step, tpu_mesh
+from gated_attention.config import run_config
+from gated_attention.model.layers.attention import Attention
+from gated_attention.model.layers.norms import RMSNorm
+from gated_attention.model.layers.rope import inverse_frequencies
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import compiled_step  # noqa: E402 - benchmarks/compiled_step.py
@@ -36,7 +36,7 @@ TOKEN_TILE = 64  # sequence positions per tile of the token-tiled loss: SEQ / 64
 
 def tiny_config(loss_chunk_size: int, layers: int, scan_layers: bool = False,
                 loss_tiles: str = "vocab", variant: str = "baseline"):
-    config = config_lib.base_config("tiny", variant)
+    config = run_config.base_config("tiny", variant)
     config.model.update(dtype="bfloat16", attention_impl="xla", num_layers=layers,
                         scan_layers=scan_layers)
     config.mesh.update(fsdp=FSDP, data=1)
@@ -162,7 +162,7 @@ def test_embedding_gradient_is_the_parameters_shard_in_bfloat16(chunked):
 def float32_q_or_k(hlo_text: str) -> list[tuple[str, str, str]]:
     """Stored float32 arrays of one device's q or k, or of their rotary halves, other than
     the XLA attention's own float32 matmul outputs (its gradients for q and k)."""
-    model = config_lib.model_config(tiny_config(0, layers=1))
+    model = run_config.model_config(tiny_config(0, layers=1))
     rows = f"{BATCH // FSDP},{SEQ}"
     shapes = {f"f32[{rows},{h},{w}]" for h in model.heads
               for w in (model.head_dim, model.head_dim // 2)}
@@ -190,7 +190,7 @@ def test_qk_norm_and_rope_store_no_float32_q_or_k(plain, mesh, monkeypatch):
 
     monkeypatch.setattr(RMSNorm, "normalize_and_rotate", two_steps)
     control = float32_q_or_k(compile_step(tiny_config(0, layers=1), mesh, "train").hlo_text)
-    model = config_lib.model_config(tiny_config(0, layers=1))
+    model = run_config.model_config(tiny_config(0, layers=1))
     whole = {f"f32[{BATCH // FSDP},{SEQ},{h},{model.head_dim}]" for h in model.heads}
     assert {shape for _, shape, _ in control} >= whole
 

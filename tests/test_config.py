@@ -6,14 +6,14 @@ import sys
 
 import pytest
 
-from gated_attention import config_lib
-from gated_attention.config_lib import ConfigError, validate_run_config
+from gated_attention.config import run_config
+from gated_attention.config.run_config import ConfigError, validate_run_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(**changes):
-    config = config_lib.base_config("tiny", "baseline")
+    config = run_config.base_config("tiny", "baseline")
     for key, value in changes.items():
         section, field = key.split("__")
         config[section][field] = value
@@ -49,14 +49,14 @@ def test_bad_values_name_the_field(changes, message):
 
 def test_unknown_arch_and_variant():
     with pytest.raises(ConfigError, match=r"arch='huge' is not allowed; choose one of tiny"):
-        config_lib.base_config("huge", "baseline")
+        run_config.base_config("huge", "baseline")
     with pytest.raises(ConfigError, match=r"g9_gate"):
-        config_lib.base_config("tiny", "g9_gate")
+        run_config.base_config("tiny", "g9_gate")
 
 
 def test_default_configs_validate():
     for variant in ("baseline", "g1_sdpa_elementwise", "g1_sdpa_headwise"):
-        validate_run_config(config_lib.base_config("tiny", variant))
+        validate_run_config(run_config.base_config("tiny", variant))
 
 
 def _cli(*args, tmp_path):
@@ -81,14 +81,15 @@ def test_cli_rejects_bad_values_and_flags_before_compiling(tmp_path):
 @pytest.mark.reference("error_message")
 def test_each_section_is_checked_by_its_owner():
     """The owners raise UserError themselves, naming the field (no wrapper needed)."""
-    from gated_attention import model_config, optim, train_config
+    from gated_attention.config import optimizer_config, train_config
+    from gated_attention.core.errors import UserError
     from gated_attention.data import registry
-    from gated_attention.errors import UserError
+    from gated_attention.model import model_config
 
     config = _config()
     config.optimizer.eps = 0.0
     with pytest.raises(UserError, match=r"^optimizer.eps=0.0 must be > 0$"):
-        optim.check_section(config.optimizer, config.train.steps)
+        optimizer_config.check_section(config.optimizer, config.train.steps)
     config.train.log_every = 0
     with pytest.raises(UserError, match=r"^train.log_every=0 must be > 0$"):
         train_config.check_section(config.train)
@@ -102,7 +103,7 @@ def test_each_section_is_checked_by_its_owner():
                                  num_kv_heads=1, head_dim=8, mlp_dim=8)
     config = _config(data__packing="concat", data__add_eos=False)
     with pytest.raises(UserError, match=r"^data.packing='concat' joins documents with EOS"):
-        registry.check_section(config, config_lib.model_config(config))
+        registry.check_section(config, run_config.model_config(config))
 
 
 @pytest.mark.reference("error_message")

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from config_fixtures import flat
 
-from gated_attention.config_lib import ConfigError, validate_run_config
-from gated_attention.variants import VARIANTS
+from gated_attention.config.run_config import ConfigError, validate_run_config
+from gated_attention.model.variants import VARIANTS
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 
@@ -82,7 +82,7 @@ def builders():
 
 @pytest.mark.parametrize("variant", ["baseline", "g1_sdpa_elementwise"])
 def test_one_arch_name_means_one_set_of_defaults_whichever_file_builds_it(variant):
-    from gated_attention.config_lib import ARCHS
+    from gated_attention.config.run_config import ARCHS
 
     ablation = load("ablation")
     compared = set()

@@ -1,4 +1,4 @@
-"""The cheap-compile settings (gated_attention/cpu_compile.py): XLA accepts every flag it sets,
+"""The cheap-compile settings (gated_attention/ops/cpu_compile.py): XLA accepts every flag it sets,
 and a flag this jaxlib lacks is never set (XLA would abort the process)."""
 
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gated_attention import cpu_compile
+from gated_attention.ops import cpu_compile
 
 pytestmark = pytest.mark.reference("independent")
 

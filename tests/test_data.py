@@ -8,8 +8,8 @@ import grain
 import numpy as np
 import pytest
 
-from gated_attention import config_lib
-from gated_attention.config_checks import ConfigError
+from gated_attention.config import run_config
+from gated_attention.core.checks import ConfigError
 from gated_attention.data import corpus, packing, pipeline, tokenizer
 
 
@@ -96,7 +96,7 @@ def _local_data(docs, vocab=600):
 
 
 def test_train_iterator_resumes_exactly_and_reshuffles_each_epoch():
-    data_config = config_lib.data_section("tiny")
+    data_config = run_config.data_section("tiny")
     data_config.seq_len = 32
     data = _local_data(_documents(1, n=12))
     ds = pipeline.train_dataset(data, data_config, 4, seed=5)
@@ -118,7 +118,7 @@ def test_train_iterator_resumes_exactly_and_reshuffles_each_epoch():
 
 
 def test_hosts_read_disjoint_shares():
-    data_config = config_lib.data_section("tiny")
+    data_config = run_config.data_section("tiny")
     data_config.seq_len = 32
     data = _local_data(_documents(2, n=20))
     rows = []

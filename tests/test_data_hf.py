@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from data_fixtures import texts, train_bpe, write_jsonl
 
-from gated_attention import config_lib
+from gated_attention.config import run_config
 from gated_attention.data import hf_tokenizer, registry, tokenizer
 
 
@@ -53,7 +53,7 @@ def test_special_ids_from_config_file_and_conventional_names(tmp_path):
 
 
 def _hf_config(tmp_path, tokenizer_path, vocab_size=384):
-    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config = run_config.base_config("tiny", "g1_sdpa_elementwise")
     config.model.update(dict(vocab_size=vocab_size, num_layers=1, d_model=32, num_heads=2,
                              num_kv_heads=1, head_dim=16, mlp_dim=64))
     config.data.update(dict(source="files", paths=write_jsonl(tmp_path / "c.jsonl", texts(60)),
@@ -77,8 +77,8 @@ def test_bad_tokenizer_settings_are_one_line_config_errors(bpe, tmp_path, change
     for key, value in change.items():
         section, field = key.split("__")
         config[section][field] = value
-    with pytest.raises(config_lib.ConfigError, match=message) as err:
-        config_lib.validate_run_config(config)  # the fields
+    with pytest.raises(run_config.ConfigError, match=message) as err:
+        run_config.validate_run_config(config)  # the fields
         registry.check_files(config)  # then the tokenizer file they name
     assert "\n" not in str(err.value)
     assert not (tmp_path / "run").exists()

@@ -17,10 +17,11 @@ import jax
 import numpy as np
 import pytest
 
-from gated_attention import config_lib, train
-from gated_attention.config_checks import ConfigError, require
+from gated_attention.config import run_config
+from gated_attention.core.checks import ConfigError, require
 from gated_attention.data import registry
 from gated_attention.data.inputs import Inputs
+from gated_attention.training import train
 
 # --------------------------------------------------------- the toy source (the whole module)
 SECTION = "toy"  # config.data.toy
@@ -72,7 +73,7 @@ def toy_source(monkeypatch):
 
 
 def toy_config(**data):
-    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config = run_config.base_config("tiny", "g1_sdpa_elementwise")
     config.model.update(dict(vocab_size=64, num_layers=1, d_model=32, num_heads=2,
                              num_kv_heads=1, head_dim=16, mlp_dim=64))
     config.data.update(dict(source="toy_counting", seq_len=16, **data))
@@ -84,10 +85,10 @@ def toy_config(**data):
 
 @pytest.mark.reference("independent")
 def test_a_registered_source_adds_its_section_and_its_batches(toy_source):
-    assert config_lib.base_config("tiny").data.toy.to_dict() == {"period": 7}  # its defaults
+    assert run_config.base_config("tiny").data.toy.to_dict() == {"period": 7}  # its defaults
     config = toy_config(toy=dict(period=5))
     assert "toy_period" not in config.data  # flat aliases are the old sources' alone
-    config_lib.validate_run_config(config)
+    run_config.validate_run_config(config)
     from gated_attention.data import build_inputs as package_build_inputs
 
     batch = next(package_build_inputs(config, None).train)
@@ -102,16 +103,16 @@ def test_a_registered_source_adds_its_section_and_its_batches(toy_source):
 def test_a_registered_source_checks_its_own_field(toy_source):
     with pytest.raises(ConfigError, match=r"^data.toy.period=1 must be in 2..model.vocab_size "
                                           r"- 3 = 61$"):
-        config_lib.validate_run_config(toy_config(toy=dict(period=1)))
+        run_config.validate_run_config(toy_config(toy=dict(period=1)))
 
 
 @pytest.mark.reference("error_message")
 def test_an_unregistered_source_names_the_registered_ones():
-    config = config_lib.base_config("tiny")
+    config = run_config.base_config("tiny")
     config.data.source = "toy_counting"
     with pytest.raises(ConfigError, match=r"^data.source='toy_counting' is not allowed; choose "
                                           r"one of cpython_docs, python_source, files, seqio"):
-        config_lib.validate_run_config(config)
+        run_config.validate_run_config(config)
 
 
 @pytest.mark.reference("error_message")
@@ -121,7 +122,7 @@ def test_a_section_name_is_claimed_once(monkeypatch, section):
     monkeypatch.setitem(registry.SOURCES, "toy_counting", __name__)
     monkeypatch.setattr(sys.modules[__name__], "SECTION", section)
     with pytest.raises(ValueError, match=rf"^data.{section} is claimed twice"):
-        config_lib.base_config("tiny")
+        run_config.base_config("tiny")
 
 
 @pytest.mark.slow
@@ -150,11 +151,12 @@ def test_synthetic_batches_are_uniform_ids_in_the_config_shapes():
     """Uniform over ids 3..63 (61 of them): over 64 x 256 tokens each id's count is within
     5 binomial standard deviations of 16384 / 61; batch i does not depend on what came
     before or on the host count (two hosts' rows make the one-host batch)."""
-    from gated_attention.data import build_inputs, synthetic
+    from gated_attention.data import build_inputs
+    from gated_attention.data.synthetic import source as synthetic
 
     config = synthetic_config(batch_size=64, eval_batches=2)
     config.data.seq_len = 255
-    config_lib.validate_run_config(config)
+    run_config.validate_run_config(config)
     inputs = build_inputs(config, None)
     batch = next(inputs.train)
     assert {k: v.shape for k, v in batch.items()} == {k: (64, 255) for k in batch}
@@ -181,12 +183,12 @@ def test_a_paper_size_model_on_synthetic_data_passes_the_data_checks_without_rea
     """The 1.7B arch on the embedded corpus is refused by its data checks (its 151,936-id
     vocabulary cannot be learnt from it); on synthetic data nothing is read and there is no
     tokenizer to size, so the run's checks pass at once."""
-    from gated_attention import run_checks
+    from gated_attention.training import run_checks
 
-    config = config_lib.base_config("dense_1p7b_28l", "g1_sdpa_elementwise")
+    config = run_config.base_config("dense_1p7b_28l", "g1_sdpa_elementwise")
     config.data.source = "synthetic"
     config.data.cache_dir = "/nonexistent/cache"  # nothing is read or written
-    config_lib.validate_run_config(config)
+    run_config.validate_run_config(config)
     assert run_checks.check_run(config) == {}
 
 

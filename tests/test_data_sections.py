@@ -13,9 +13,11 @@ import jax
 import pytest
 from absl import flags
 
-from gated_attention import config_lib, main, train, workdir
-from gated_attention.config_checks import ConfigError
+from gated_attention import main
+from gated_attention.config import run_config
+from gated_attention.core.checks import ConfigError
 from gated_attention.data import registry
+from gated_attention.training import train, workdir
 
 ROOT = Path(__file__).parents[1]
 ALIASES = sorted(registry.nested_names().items())  # ("data.seqio_task", "data.seqio.task"), ...
@@ -57,7 +59,7 @@ def without_sections(saved: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.reference("two_paths")
 @pytest.mark.parametrize("flat,nested", ALIASES, ids=[flat for flat, _ in ALIASES])
 def test_either_spelling_sets_the_one_field(monkeypatch, flat, nested):
-    value = another(field(config_lib.base_config("tiny"), nested))
+    value = another(field(run_config.base_config("tiny"), nested))
     text = str(value).lower() if isinstance(value, bool) else str(value)
     for given in (flat, nested):
         config = parsed(monkeypatch, f"--config.{given}={text}")
@@ -78,14 +80,14 @@ def test_config_json_holds_both_spellings_and_reads_back_linked(monkeypatch):
     saved = workdir.config_dict(config)
     assert saved["data"]["passkey"]["digits"] == saved["data"]["passkey_digits"] == 4
     for kept in (saved, without_sections(saved)):  # written today, or before sections
-        loaded = config_lib.saved_config(kept)
+        loaded = run_config.saved_config(kept)
         assert loaded.data.passkey.to_dict() == saved["data"]["passkey"]
         assert workdir.config_dict(loaded) == saved
         loaded.data.passkey_digits = 6
         assert loaded.data.passkey.digits == 6
     with pytest.raises(ConfigError, match=r"^data.passkey.digits=4 and its old spelling "
                                           r"data.passkey_digits=6 disagree; keep one$"):
-        config_lib.saved_config({"data": {**saved["data"], "passkey_digits": 6}})
+        run_config.saved_config({"data": {**saved["data"], "passkey_digits": 6}})
 
 
 @pytest.mark.reference("two_paths")
@@ -115,7 +117,7 @@ def test_a_trained_run_saved_before_sections_extends_and_loads(tmp_path):
     # One layer: the claim is about the saved config, and a second layer only adds to each of
     # the four compiles (init, two train steps: the extension's schedule is another program,
     # and the fingerprint). 2026-12-02, this file alone on one process: 18.9 against 20.7 CPU-s.
-    config = config_lib.base_config("sink_tiny")
+    config = run_config.base_config("sink_tiny")
     config.model.num_layers = 1
     config.data.update(dict(seq_len=16, backcopy=dict(triggers=2)))
     config.train.update(dict(steps=2, batch_size=4, eval_every=0, eval_batches=1,
@@ -141,7 +143,7 @@ def test_a_trained_run_saved_before_sections_extends_and_loads(tmp_path):
 ])
 def test_a_bad_value_is_refused_naming_the_nested_field(monkeypatch, arch, override, message):
     with pytest.raises(ConfigError) as refused:
-        config_lib.validate_run_config(parsed(monkeypatch, override, arch=arch))
+        run_config.validate_run_config(parsed(monkeypatch, override, arch=arch))
     assert str(refused.value) == message
 
 

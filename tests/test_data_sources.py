@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from data_fixtures import texts, tiny_tfds_builder, train_bpe, write_jsonl
 
-from gated_attention import config_lib
+from gated_attention.config import run_config
 from gated_attention.data import (
     array_record_source,
     corpus,
+    epochs,
     pipeline,
     prepare,
     registry,
@@ -41,7 +42,7 @@ def world(tmp_path_factory):
 
 
 def _config(root, *, tokenizer_kind="hf", source="tfds", vocab=384, **data):
-    config = config_lib.base_config("tiny", "baseline")
+    config = run_config.base_config("tiny", "baseline")
     config.model.vocab_size = vocab
     path = str(root / ("spm.model" if tokenizer_kind == "sentencepiece" else "tokenizer.json"))
     config.data.update(dict(source=source, tokenizer=tokenizer_kind, tokenizer_path=path,
@@ -128,7 +129,7 @@ def test_array_record_batches_resume_exactly_mid_shard(world, tmp_path):
     prepare.prepare(_config(root), folder, num_shards=2)
     for packing in ("segments", "concat"):
         config = _config(root, source="array_record", paths=folder, packing=packing)
-        config_lib.validate_run_config(config)
+        run_config.validate_run_config(config)
         inputs = array_record_source.build_inputs(config, None, process_index=1,
                                                   process_count=2)
         for _ in range(5):
@@ -147,12 +148,12 @@ def test_array_record_batches_resume_exactly_mid_shard(world, tmp_path):
 
 def _checked(config):
     """The checks a run makes before compiling: the fields, then the files they name."""
-    config_lib.validate_run_config(config)
+    run_config.validate_run_config(config)
     registry.check_files(config)
 
 
 def _error(config):
-    with pytest.raises(config_lib.ConfigError) as err:
+    with pytest.raises(run_config.ConfigError) as err:
         _checked(config)
     assert "\n" not in str(err.value)
     return str(err.value)
@@ -191,20 +192,20 @@ def test_bad_sources_are_one_line_errors_naming_the_field(world, tmp_path):
 
 
 def test_epoch_guard_counts_the_epochs_asked():
-    config = config_lib.base_config("tiny", "baseline")
+    config = run_config.base_config("tiny", "baseline")
     config.train.update(dict(steps=1000, batch_size=16))
     config.data.seq_len = 256
     # 1000 x 16 x 256 = 4,096,000 tokens over a 800,000-token split: 5.12 epochs.
-    assert config_lib.check_epochs(config, {"train": {"tokens": 1_024_000}}) == pytest.approx(4.0)
-    with pytest.raises(config_lib.ConfigError) as err:
-        config_lib.check_epochs(config, {"train": {"tokens": 800_000}})
+    assert epochs.check(config, {"train": {"tokens": 1_024_000}}) == pytest.approx(4.0)
+    with pytest.raises(run_config.ConfigError) as err:
+        epochs.check(config, {"train": {"tokens": 800_000}})
     message = str(err.value)
     assert "= 4.1M tokens is 5.1 epochs of the training split of data.source='cpython_docs' " \
            "(0.80M tokens), more than data.max_epochs=4" in message
     assert "data.source=python_source" in message and "train.steps <= 781" in message
     config.data.max_epochs = 6.0
-    assert config_lib.check_epochs(config, {"train": {"tokens": 800_000}}) == pytest.approx(5.12)
-    assert config_lib.check_epochs(config, {"train": {}}) is None
+    assert epochs.check(config, {"train": {"tokens": 800_000}}) == pytest.approx(5.12)
+    assert epochs.check(config, {"train": {}}) is None
 
 
 def test_concat_rows_train_every_pair_of_the_joined_stream_once():

@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 from data_fixtures import texts, tiny_tfds_builder, train_bpe, write_jsonl
 
-from gated_attention import config_lib, train
+from gated_attention.config import run_config
 from gated_attention.data import prepare
-from gated_attention.metrics_writer import read_jsonl
+from gated_attention.training import train
+from gated_attention.training.metrics_writer import read_jsonl
 
 
 def _config(root, **data):
-    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config = run_config.base_config("tiny", "g1_sdpa_elementwise")
     config.model.update(dict(vocab_size=384, num_layers=1, d_model=32, num_heads=2,
                              num_kv_heads=1, head_dim=16, mlp_dim=64))
     config.data.update(dict(source="files", paths=str(root / "c.jsonl"), tokenizer="hf",
@@ -88,7 +89,7 @@ def test_the_epoch_guard_refuses_before_compiling(shards, monkeypatch):
         raise AssertionError("compiled although the epoch guard should have refused")
 
     monkeypatch.setattr(train, "train_state_spec", no_compile)
-    with pytest.raises(config_lib.ConfigError, match=r"is 5.0 epochs of the training split of "
+    with pytest.raises(run_config.ConfigError, match=r"is 5.0 epochs of the training split of "
                        r"data.source='array_record' .* more than data.max_epochs=5; use a "
                        r"larger dataset"):
         _run(config, root / "too_long")

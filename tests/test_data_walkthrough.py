@@ -82,7 +82,7 @@ def _stand_ins(folder: Path) -> None:
 def _finished_grid(root: Path) -> None:
     """What worker 0 leaves in the bucket when both runs are trained and analysed."""
     from experiments import grid_lib, run_grid
-    from gated_attention import paths
+    from gated_attention.core import paths
 
     runs = [r for r in grid_lib.grid_runs(REPO / "experiments/grids/table2_lr.py", "paper", (0,))
             if r.name in RUNS]
@@ -158,23 +158,25 @@ def test_every_command_of_the_walkthrough_runs(tmp_path):
 def test_the_launched_runs_are_valid_configs_on_the_prepared_shards(tmp_path, variant):
     """The launch block's settings, on shards written as step 4 writes them, pass the run's
     config validation (tokenizer fingerprint, vocabulary, epoch budget)."""
-    from gated_attention import config_lib
+    from gated_attention.config import run_config
     from gated_attention.data import prepare
 
     corpus = texts(30)
     write_jsonl(tmp_path / "c.jsonl", corpus)
     train_bpe(tmp_path / "tokenizer.json", corpus, 320)
-    prep = config_lib.base_config("dense_1p7b_28l", "baseline")
+    prep = run_config.base_config("dense_1p7b_28l", "baseline")
     prep.data.update(dict(source="files", paths=str(tmp_path / "c.jsonl"), tokenizer="hf",
                           tokenizer_path=str(tmp_path / "tokenizer.json"), eval_fraction=0.3))
     prepare.prepare(prep, str(tmp_path / "shards"), num_shards=2)
     block = next(b for b in blocks(PAGE.read_text()) if "gke_launch.sh" in b)
     sets = dict(s.split("=", 1) for s in re.findall(r"--config\.(\S+)", block))
-    config = config_lib.base_config("dense_1p7b_28l", variant)
+    config = run_config.base_config("dense_1p7b_28l", variant)
     for key, value in sets.items():
         section, field = key.split(".")
         value = value.replace('"$DATA/c4_shards"', str(tmp_path / "shards"))
         config[section][field] = type(config[section][field])(value)
-    config_lib.validate_run_config(config)
+    run_config.validate_run_config(config)
     # The page's budget against C4's English training split (about 150B tokens).
-    assert config_lib.check_epochs(config, {"train": {"tokens": 150e9}}) < 0.5
+    from gated_attention.data import epochs
+
+    assert epochs.check(config, {"train": {"tokens": 150e9}}) < 0.5

@@ -8,7 +8,9 @@ import sys
 import pytest
 from absl import flags
 
-from gated_attention import config_lib, errors, main
+from gated_attention import main
+from gated_attention.config import run_config
+from gated_attention.core import errors
 
 ARGV = ["main", "--config=configs/ablation.py:arch=tiny,variant=baseline", "--workdir=unused",
         "--multihost=no"]
@@ -22,9 +24,9 @@ def run_main(monkeypatch, argv=ARGV):
 
 def test_a_user_error_is_one_line_on_stderr_and_exit_2(monkeypatch):
     def refuse(config):
-        raise config_lib.ConfigError("train.steps=0 must be > 0")
+        raise run_config.ConfigError("train.steps=0 must be > 0")
 
-    monkeypatch.setattr(config_lib, "validate_run_config", refuse)
+    monkeypatch.setattr(run_config, "validate_run_config", refuse)
     stderr = io.StringIO()
     with pytest.raises(SystemExit) as stop, contextlib.redirect_stderr(stderr):
         run_main(monkeypatch)
@@ -37,7 +39,7 @@ def test_a_code_bug_in_validation_keeps_its_traceback(monkeypatch, bug):
     def broken(config):
         raise bug("a bug in the code, not the user's input")
 
-    monkeypatch.setattr(config_lib, "validate_run_config", broken)
+    monkeypatch.setattr(run_config, "validate_run_config", broken)
     with pytest.raises(bug, match="a bug in the code"):
         run_main(monkeypatch)
 
@@ -46,7 +48,7 @@ def test_a_code_bug_inside_a_data_source_keeps_its_traceback(monkeypatch, tmp_pa
     """A KeyError raised while a source builds the run's inputs is a bug, not the user's
     input: it reaches the caller as a KeyError with its frames, never a one-line ConfigError
     (the sources raise ConfigError themselves for bad settings and files)."""
-    from gated_attention.data import bigram_backcopy
+    from gated_attention.data.synthetic import bigram_backcopy
 
     def summary(chain, data_config):  # a lookup of a field that does not exist: a bug
         return {"alpha": data_config.backcopy.alpha}["backcopy_sead"]
@@ -67,7 +69,7 @@ def test_a_code_bug_in_the_config_file_keeps_its_traceback(monkeypatch):
     def broken(*args, **kwargs):
         raise AttributeError("'NoneType' object has no attribute 'seq_len'")
 
-    monkeypatch.setattr(config_lib, "base_config", broken)
+    monkeypatch.setattr(run_config, "base_config", broken)
     with pytest.raises((AttributeError, flags.Error), match="has no attribute 'seq_len'"):
         run_main(monkeypatch)
 
@@ -83,19 +85,19 @@ def test_an_unknown_override_is_still_one_line(monkeypatch):
 
 def test_every_user_error_class_is_a_user_error():
     from experiments.grid_lib import GridError
+    from gated_attention.compile.gpu_targets import GpuAcceleratorError
+    from gated_attention.compile.tpu_topologies import AcceleratorError
     from gated_attention.data.array_record_source import ShardError
     from gated_attention.data.epochs import EpochBudgetError
     from gated_attention.data.hf_tokenizer import HFTokenizerError
     from gated_attention.data.prepare import PrepareError
     from gated_attention.data.seqio_source import SeqioTaskError
     from gated_attention.data.tfds_source import TfdsSourceError
-    from gated_attention.gpu_targets import GpuAcceleratorError
-    from gated_attention.tpu_topologies import AcceleratorError
-    from gated_attention.variants import VariantError
-    from gated_attention.workdir import WorkdirError
-    from gated_attention.workdir_lock import WorkdirBusyError
+    from gated_attention.model.variants import VariantError
+    from gated_attention.training.workdir import WorkdirError
+    from gated_attention.training.workdir_lock import WorkdirBusyError
 
-    for cls in (config_lib.ConfigError, GridError, ShardError, EpochBudgetError,
+    for cls in (run_config.ConfigError, GridError, ShardError, EpochBudgetError,
                 HFTokenizerError, PrepareError, SeqioTaskError, TfdsSourceError,
                 GpuAcceleratorError, AcceleratorError, VariantError, WorkdirError,
                 WorkdirBusyError):

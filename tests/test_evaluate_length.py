@@ -9,10 +9,12 @@ import pytest
 from flax import nnx
 from test_train import mini_config
 
-from gated_attention import config_lib, evaluate_length, train
+from gated_attention.analysis import length as evaluate_length
 from gated_attention.analysis import stats
+from gated_attention.config import run_config
 from gated_attention.data import pipeline
-from gated_attention.model import abstract_model
+from gated_attention.model.transformer import abstract_model
+from gated_attention.training import train
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,7 @@ def test_perplexity_at_the_training_length_is_the_analysis_perplexity(trained):
     np.testing.assert_array_equal(rows[:, 1:], batch["targets"])
 
     expected = stats.model_statistics(model, [batch])["perplexity"]
-    cfg = evaluate_length.scaled_config(config_lib.model_config(config), "none", seq_len, 1.0, 8)
+    cfg = evaluate_length.scaled_config(run_config.model_config(config), "none", seq_len, 1.0, 8)
     forward = evaluate_length.make_forward(nnx.split(abstract_model(cfg), nnx.Param, ...)[0])
     nll, _ = forward(nnx.state(model, nnx.Param), rows[:, :-1], rows[:, 1:])
     got = evaluate_length.perplexity_by_position(np.asarray(nll), np.ones(nll.shape), seq_len)

@@ -9,12 +9,12 @@ import pytest
 from flax import nnx
 from test_beyond_variants import numpy_variant, randomise, tiny_cfg
 
-from gated_attention import generate as gen
-from gated_attention.layers.attention import Attention
-from gated_attention.layers.kv_cache import KVCache
-from gated_attention.model import build_model
-from gated_attention.model_config import ModelConfig
-from gated_attention.variants import VARIANTS
+from gated_attention.inference import generation as gen
+from gated_attention.model.layers.attention import Attention
+from gated_attention.model.layers.kv_cache import KVCache
+from gated_attention.model.model_config import ModelConfig
+from gated_attention.model.transformer import build_model
+from gated_attention.model.variants import VARIANTS
 
 
 def run_streaming(module, x, *, window, keep_first, chunk):
@@ -95,7 +95,7 @@ def test_bad_eviction_settings_name_the_field():
 
 
 def test_eviction_eval_refuses_bad_windows_before_loading(tmp_path):
-    from gated_attention import evaluate_length
+    from gated_attention.analysis import length as evaluate_length
 
     with pytest.raises(FileNotFoundError, match="holds no config.json"):
         evaluate_length.eviction_eval(tmp_path, [8])

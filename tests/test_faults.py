@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 from test_train import mini_config
 
-from gated_attention import checkpoint, distributed, interrupts, train, workdir, workdir_lock
-from gated_attention.metrics_writer import read_jsonl
+from gated_attention.parallel import distributed
+from gated_attention.training import checkpoint, interrupts, train, workdir, workdir_lock
+from gated_attention.training.metrics_writer import read_jsonl
 
 HERE = Path(__file__).resolve().parent
 STEPS, EVERY = 12, 4  # checkpoints at 4, 8, 12; logs every 3 steps (not at checkpoints)

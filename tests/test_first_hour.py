@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from config_fixtures import flat
 
-from gated_attention import config_lib
+from gated_attention.config import run_config
 
 ROOT = Path(__file__).parents[1]
 README = (ROOT / "README.md").read_text()
@@ -53,7 +53,7 @@ def config_of(flags: list[str]):
             key, value = flag[len("--config."):].split("=", 1)
             section_name, field = key.split(".")
             config[section_name][field] = type(config[section_name][field])(value)
-    config_lib.validate_run_config(config)  # also brings the variant label in line
+    run_config.validate_run_config(config)  # also brings the variant label in line
     return config
 
 
@@ -82,26 +82,29 @@ def test_the_python_example_of_the_docs_defines_every_name_it_uses():
 
 @pytest.mark.needs("libtpu")
 def test_a_cpu_run_keeps_libtpu_out_and_tpu_targets_still_compile():
-    """With libtpu installed (jax registers a TPU backend and would start libtpu first), a
-    process importing the package on a machine without a TPU never starts libtpu's runtime:
-    no host-bounds or worker-hostname noise; compiling for a TPU target still works."""
-    import gated_attention
+    """With libtpu installed (jax registers a TPU backend and would start libtpu first), an
+    entry point on a machine without a TPU never starts libtpu's runtime: no host-bounds or
+    worker-hostname noise; compiling for a TPU target still works."""
+    from gated_attention.cli import platform
 
-    if any(vendor in (gated_attention._TPU_VENDOR, *gated_attention._GPU_VENDORS)
-           for vendor, _ in gated_attention._pci_devices()):
+    if any(vendor in (platform._TPU_VENDOR, *platform._GPU_VENDORS)
+           for vendor, _ in platform._pci_devices()):
         pytest.skip("this machine has an accelerator: jax keeps its default backends there")
     from jax._src import xla_bridge
 
     assert "tpu" in xla_bridge._backend_factories  # what jax would try without the choice
     probe = (
         "import json, sys\n"
-        "import gated_attention, jax, os\n"
+        "import os\n"
+        "from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs\n"
+        "keep_libtpu_out_of_cpu_runs()\n"
+        "import jax\n"
         "from jax._src import xla_bridge\n"
         "from jax._src.lib import xla_client\n"
         "jax.numpy.ones(3).sum().block_until_ready()\n"
         "tried = 'tpu' in xla_bridge._backend_errors or xla_client.pjrt_plugin_loaded('tpu')\n"
         "print('--- cpu run done', file=sys.stderr, flush=True)\n"
-        "from gated_attention.target_compile import tpu_devices\n"
+        "from gated_attention.compile.target import tpu_devices\n"
         "print(json.dumps({'backend': jax.default_backend(), 'tpu_tried': tried,\n"
         "                  'env': os.environ.get('JAX_PLATFORMS'),\n"
         "                  'tpu_target_devices': len(tpu_devices('v5e:2x2'))}))\n")
@@ -117,6 +120,34 @@ def test_a_cpu_run_keeps_libtpu_out_and_tpu_targets_still_compile():
     for noise in ("Failed to find host bounds", "unexpected worker hostname",
                   "Source Location Trace", "libtpu"):
         assert noise not in before_compile, before_compile
+
+
+def test_importing_the_package_leaves_the_environment_untouched():
+    """A library import changes nothing: no JAX_PLATFORMS, no other variable, no jax config.
+    Every module of the package is imported, commands included (their flags are defined only
+    when run as programs)."""
+    probe = (
+        "import json, os, pkgutil, importlib\n"
+        "import lm_eval  # sets HF_XET_HIGH_PERFORMANCE on its own import: not the package's\n"
+        "before = dict(os.environ)\n"
+        "import gated_attention\n"
+        "names = [m.name for m in pkgutil.walk_packages(gated_attention.__path__,\n"
+        "                                                 'gated_attention.')]\n"
+        "for name in names:\n"
+        "    importlib.import_module(name)\n"
+        "import jax\n"
+        "changed = sorted(k for k in set(before) | set(os.environ)\n"
+        "                 if before.get(k) != os.environ.get(k))\n"
+        "print(json.dumps({'changed': changed, 'platforms': jax.config.jax_platforms,\n"
+        "                  'modules': len(names)}))\n")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    env["PYTHONPATH"] = str(ROOT)
+    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["changed"] == [] and found["platforms"] in (None, "")
+    assert found["modules"] > 100  # every module was imported, not an empty walk
 
 
 def test_token_labels_show_special_and_whitespace_pieces():
@@ -179,7 +210,7 @@ def test_the_inspect_notebook_finds_a_run_in_the_folder_make_demo_writes(tmp_pat
 
 
 def test_analyze_says_why_its_perplexity_is_not_trainings(tmp_path):
-    from gated_attention.analyze import summary_lines
+    from gated_attention.analysis.run_analysis import summary_lines
 
     (tmp_path / "summary.json").write_text(json.dumps({"steps": 300, "eval": {
         "loss": 3.676, "perplexity": 39.5}}))

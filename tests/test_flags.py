@@ -2,7 +2,7 @@
 package (or experiments/) registers no absl flag, so one command's flags cannot collide with
 another's in a process that imports both; and one library: absl everywhere, no argparse.
 The commands that once used argparse keep their spellings and refuse bad input in one line
-naming the flag (gated_attention/cli_flags.py)."""
+naming the flag (gated_attention/cli/flags.py)."""
 
 import ast
 import json
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from experiments import run_grid
-from gated_attention import train_command
+from gated_attention.cli import train_command
 
 ROOT = Path(__file__).resolve().parents[1]
 # Modules that still define flags on import, each with where that is to be fixed; the test
@@ -106,7 +106,7 @@ def test_bad_command_lines_are_one_line_naming_the_flag(capsys, main, argv, mess
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
     assert err.startswith(("experiments.run_grid: error: ",
-                           "gated_attention.train_command: error: ")), err
+                           "gated_attention.cli.train_command: error: ")), err
 
 
 def test_help_lists_the_flags(capsys):

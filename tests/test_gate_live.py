@@ -16,15 +16,19 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention import config_lib, generate, hf, ops, optim, sharding, train
+from gated_attention import hf, ops
+from gated_attention.config import run_config
 from gated_attention.hf import safetensors_io
-from gated_attention.model import build_model, stack_layer_params
+from gated_attention.inference import generation as generate
+from gated_attention.model.transformer import build_model, stack_layer_params
+from gated_attention.parallel import sharding
+from gated_attention.training import optim, train
 
 TOKENS = np.array([[5, 9, 2, 30, 11, 7, 40, 3], [1, 60, 8, 8, 21, 4, 17, 33]], np.int32)
 
 
 def tiny_config(variant: str = "g1_sdpa_elementwise", **model):
-    config = config_lib.base_config("tiny", variant)
+    config = run_config.base_config("tiny", variant)
     config.model.update(dict(vocab_size=64, num_layers=2, d_model=32, num_heads=4,
                              num_kv_heads=2, head_dim=8, mlp_dim=40, tied_embeddings=False))
     config.model.update(model)
@@ -86,7 +90,7 @@ def _batch(tokens=TOKENS, rows: int = 2):
 def test_forward_eval_prefill_and_decode(variant):
     """elementwise: the gate fused into the attention kernel; additive silu: applied after it."""
     config = tiny_config(variant)
-    model = build_model(config_lib.model_config(config), seed=0)
+    model = build_model(run_config.model_config(config), seed=0)
     moved = perturb_gate(model)
     assert_live(*jit_logits(model, moved), "training forward")
 
@@ -109,7 +113,7 @@ def test_forward_eval_prefill_and_decode(variant):
 
 def test_train_step_with_remat_reaches_the_gate():
     config = tiny_config(remat="full")
-    model = build_model(config_lib.model_config(config), seed=0)
+    model = build_model(run_config.model_config(config), seed=0)
     graphdef = nnx.split(model, nnx.Param)[0]
     tx = optim.make_optimizer(config.optimizer, config.train.steps)
     step = jax.jit(train.make_train_step(graphdef, config, tx))
@@ -132,7 +136,7 @@ def test_train_step_with_remat_reaches_the_gate():
 
 def test_scanned_and_per_layer_models():
     config = tiny_config()
-    cfg = config_lib.model_config(config)
+    cfg = run_config.model_config(config)
     per_layer = build_model(cfg, seed=0)
     scanned_cfg = cfg.replace(scan_layers=True)
     results = []
@@ -150,7 +154,7 @@ def test_scanned_and_per_layer_models():
 def test_every_attention_implementation_in_the_model(impl):
     for variant in ("g1_sdpa_elementwise", "g1_sdpa_headwise"):
         config = tiny_config(variant, attention_impl=impl)
-        model = build_model(config_lib.model_config(config), seed=0)
+        model = build_model(run_config.model_config(config), seed=0)
         assert_live(*jit_logits(model, perturb_gate(model)), f"{impl}, {variant}")
 
 
@@ -220,7 +224,7 @@ def test_the_sharded_train_step_on_eight_devices():
                                             ("g1_sdpa_headwise", "qwen3_5")])
 def test_exported_then_imported_model(tmp_path, variant, layout):
     config = tiny_config(variant)
-    model = build_model(config_lib.model_config(config), seed=0)
+    model = build_model(run_config.model_config(config), seed=0)
     outs = []
     for name, m in (("a", model), ("b", perturb_gate(model))):
         hf.save_pretrained(m, config, tmp_path / name, layout=layout)
@@ -237,13 +241,13 @@ def test_exported_then_imported_model(tmp_path, variant, layout):
 
 def _copy_without_gate(gated, config_ungated):
     params = {k: v for k, v in hf.flat_params(gated).items() if ".attention.gate." not in k}
-    return hf.model_from_params(config_lib.model_config(config_ungated), params)
+    return hf.model_from_params(run_config.model_config(config_ungated), params)
 
 
 @pytest.mark.parametrize("variant,identity", [("g1_input_independent", 30.0),
                                               ("g1_sdpa_additive_silu", 0.0)])
 def test_the_identity_gate_reproduces_the_ungated_model(variant, identity):
-    gated = build_model(config_lib.model_config(tiny_config(variant)), seed=0)
+    gated = build_model(run_config.model_config(tiny_config(variant)), seed=0)
     for path, var in nnx.to_flat_state(nnx.state(gated, nnx.Param)):
         if _is_gate(path):
             var.set_value(jnp.full(var.get_value().shape, identity, jnp.float32))

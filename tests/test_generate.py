@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention import generate as gen
-from gated_attention.config_lib import base_config, model_config
-from gated_attention.model import build_model
+from gated_attention.config.run_config import base_config, model_config
+from gated_attention.inference import generation as gen
+from gated_attention.model.transformer import build_model
 
 
 def tiny_model(arch: str = "tiny", variant: str = "baseline", **model_fields):
@@ -110,7 +110,7 @@ def test_bad_arguments_are_refused():
 
 def test_a_scanned_model_generates_what_its_per_layer_twin_generates():
     """Scanned layers (the paper archs' default) decode through per-layer KV caches."""
-    from gated_attention.model import per_layer
+    from gated_attention.model.transformer import per_layer
 
     config = base_config("tiny", "g1_sdpa_elementwise")
     config.model.num_layers = 2

@@ -28,7 +28,7 @@ import yaml
 from gcs_server import gcs_bucket  # noqa: F401  (fixture)
 from tiny_runs import tiny_flags
 
-from gated_attention import cpu_compile
+from gated_attention.ops import cpu_compile
 from gated_attention.pods import worker_log
 
 REPO = Path(__file__).resolve().parents[1]
@@ -135,7 +135,7 @@ def test_the_pods_sigterm_reaches_the_trainer_which_saves_before_the_exit_is_log
     pod.send_signal(signal.SIGTERM)  # the kubelet signals the container's first process
     assert pod.wait(timeout=240) == 143, out.read_text()[-3000:]
     (first,) = worker_log.attempts(f"{workdir}/logs", "slice-0-worker-0.log")
-    from gated_attention import paths
+    from gated_attention.core import paths
 
     log = paths.read_current(first)
     stopped = re.search(r"Stopped: stopped by SIGTERM at step (\d+), after saving", log)

@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gated_attention import gpu_targets, target_compile
+from gated_attention.compile import gpu_targets
+from gated_attention.compile import target as target_compile
 from gated_attention.ops import block_sizes, cudnn, cudnn_packed, pallas_gpu
 from gated_attention.ops.target import compiling_for
 

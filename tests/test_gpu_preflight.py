@@ -18,7 +18,9 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from gated_attention import config_lib, gpu_targets, memory, preflight, target_compile
+from gated_attention.compile import gpu_targets, memory, preflight
+from gated_attention.compile import target as target_compile
+from gated_attention.config import run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,7 +77,7 @@ def test_cli_refuses_an_unknown_gpu_in_one_line_before_compiling(tmp_path):
 
 
 def tiny_config():
-    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config = run_config.base_config("tiny", "g1_sdpa_elementwise")
     config.model.num_layers = 2
     config.model.attention_impl = "pallas_gpu"  # this project's gated Triton kernel
     config.train.batch_size = 8
@@ -105,7 +107,7 @@ def test_tiny_train_step_compiles_for_8_gpus_of_2_hosts_with_triton_kernels(tiny
 @pytest.mark.needs("jax_plugins.xla_cuda12")
 def test_gpu_memory_and_flops_match_hand_counts(tiny_gpu_step):
     config, node, mesh, step = tiny_gpu_step
-    cfg = config_lib.model_config(config)
+    cfg = run_config.model_config(config)
     params = memory.parameter_bytes(cfg, dict(mesh.shape))
     assert params == 4 * 2 * (128 * 128 * 4 + 128 * 384 * 3 + 2 * 128 + 2 * 32) + 4 * (
         1024 * 128 + 128)  # q,k,v(GQA 2 of 4 heads),o,gate = 4 of D x 128; 3 FFN; 4 norms

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from experiments import grid_lib, run_grid, summarize
-from gated_attention.variants import VARIANTS
+from gated_attention.model.variants import VARIANTS
 
 GRIDS = sorted(p for p in pathlib.Path(grid_lib.__file__).parent.glob("grids/*.py")
                if p.name != "__init__.py")
@@ -251,7 +251,7 @@ def test_summary_of_a_bucket_root(tmp_path, fake_bucket, capsys):
 def test_every_tiny_run_is_a_valid_config():
     """Every (arch, variant) of every grid at tiny scale resolves to a valid model config, with
     the grid's overrides applied (FFN narrowing, which traces the model, is left out)."""
-    from gated_attention import config_lib
+    from gated_attention.config import run_config
 
     seen = set()
     for grid in GRIDS:
@@ -261,9 +261,9 @@ def test_every_tiny_run_is_a_valid_config():
             seen.add((run.arch, run.variant))
             overrides = grid_lib.run_overrides(run, "tiny")
             overrides["model.narrow_ffn_to_match_baseline"] = False
-            config = config_lib.base_config(run.arch, run.variant)
+            config = run_config.base_config(run.arch, run.variant)
             config.update_from_flattened_dict(overrides)
-            cfg = config_lib.model_config(config)
+            cfg = run_config.model_config(config)
             assert cfg.variant.name == run.variant and cfg.mlp_dim > 0
 
 

@@ -41,7 +41,8 @@ def folder(tmp_path_factory):
 
 
 def make_lm(root: pathlib.Path, batch_size: int = 4, max_length: int = MAX_LENGTH):
-    from gated_attention.evaluation import backend, engine, loading
+    from gated_attention.evaluation import backend, engine
+    from gated_attention.inference import loading
 
     loaded = loading.load(hf_dir=str(root))
     return backend.JaxLM(engine.Engine(loaded.model), loaded.codec, max_length=max_length,
@@ -291,12 +292,14 @@ def test_training_hook_and_the_command_on_the_trained_run(tmp_path):
     final.harness; the command on the finished run's checkpoint reads the same numbers."""
     import jax
 
-    from gated_attention import config_lib, harness, train
-    from gated_attention.metrics_writer import read_jsonl
+    from gated_attention import harness
+    from gated_attention.config import run_config
+    from gated_attention.training import train
+    from gated_attention.training.metrics_writer import read_jsonl
     from tests.data_fixtures import write_jsonl
 
     tasks = write_tasks(tmp_path / "tasks")
-    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config = run_config.base_config("tiny", "g1_sdpa_elementwise")
     config.model.update(dict(vocab_size=259, num_layers=1, d_model=32, num_heads=2,
                              num_kv_heads=1, head_dim=16, mlp_dim=64))
     config.data.update(dict(source="files", paths=write_jsonl(tmp_path / "c.jsonl", texts(30)),
@@ -325,14 +328,14 @@ def test_training_hook_and_the_command_on_the_trained_run(tmp_path):
     ("harness_include_path", "/no/such/folder", "train.harness_include_path='/no/such/folder'"),
 ])
 def test_bad_harness_fields_are_config_errors(field, value, message):
-    from gated_attention import config_lib
-    from gated_attention.config_checks import ConfigError
+    from gated_attention.config import run_config
+    from gated_attention.core.checks import ConfigError
 
-    config = config_lib.base_config("tiny", "baseline")
+    config = run_config.base_config("tiny", "baseline")
     config.train.update(dict(harness_every=5, harness_tasks="ga_mc"))
     config.train[field] = value
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
-        config_lib.validate_run_config(config)
+        run_config.validate_run_config(config)
 
 
 @pytest.mark.slow

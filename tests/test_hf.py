@@ -14,7 +14,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from gated_attention import hf
-from gated_attention.config_lib import ConfigError
+from gated_attention.config.run_config import ConfigError
 from gated_attention.hf import config_map, safetensors_io, tensor_map
 from tests.hf_fixtures import numpy_forward, random_tensors, tiny_hf_config, write_hf_folder
 
@@ -93,8 +93,8 @@ def test_round_trip_is_bit_exact_and_sharded_folders_load(tmp_path):
 
 
 def test_export_of_own_model_has_the_official_layout(tmp_path):
-    from gated_attention.config_lib import base_config, model_config
-    from gated_attention.model import build_model
+    from gated_attention.config.run_config import base_config, model_config
+    from gated_attention.model.transformer import build_model
 
     config = base_config("tiny", "g1_sdpa_headwise")
     config.model.update(num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8,
@@ -111,7 +111,7 @@ def test_export_of_own_model_has_the_official_layout(tmp_path):
 
 def test_q_proj_split_is_per_kv_group():
     """Rows hand-labelled: group 0 = [q head 0, q head 1, gate 0, gate 1], group 1 likewise."""
-    from gated_attention.config_lib import base_config, model_config
+    from gated_attention.config.run_config import base_config, model_config
 
     config = base_config("tiny", "g1_sdpa_headwise")
     config.model.update(d_model=1, num_heads=4, num_kv_heads=2, head_dim=2)

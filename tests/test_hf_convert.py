@@ -11,9 +11,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from gated_attention import config_lib, convert, generate, hf, train
+from gated_attention import convert, hf
+from gated_attention.config import run_config
 from gated_attention.hf import safetensors_io
-from gated_attention.workdir import WorkdirError
+from gated_attention.inference import generation as generate
+from gated_attention.training import train
+from gated_attention.training.workdir import WorkdirError
 from tests.data_fixtures import texts, train_bpe, write_jsonl
 from tests.hf_fixtures import numpy_forward, random_tensors, tiny_hf_config, write_hf_folder
 
@@ -99,18 +102,18 @@ def test_convert_refuses_before_writing(hf_folder, tmp_path):
     for name in ("model.safetensors", "tokenizer.json"):
         (tmp_path / "bad" / name).write_bytes((folder / name).read_bytes())
     (tmp_path / "bad" / "config.json").write_text(json.dumps(bad))
-    with pytest.raises(config_lib.ConfigError, match="use_sliding_window"):
+    with pytest.raises(run_config.ConfigError, match="use_sliding_window"):
         convert.from_hf(tmp_path / "bad", tmp_path / "new")
     assert not (tmp_path / "new").exists()
     # a new run that would start from weights that do not fit is refused before compiling
     convert.from_hf(folder, tmp_path / "run")
-    config = config_lib.base_config("tiny", "g1_sdpa_headwise")
+    config = run_config.base_config("tiny", "g1_sdpa_headwise")
     config.train.init_from = str(tmp_path / "run")
-    with pytest.raises(config_lib.ConfigError, match=r"has parameter embed of shape \(320, 32\), "
+    with pytest.raises(run_config.ConfigError, match=r"has parameter embed of shape \(320, 32\), "
                                                      r"this model needs \(1024, 128\)"):
         train.check_run(config)  # the run's checks before compiling (init_from's source too)
     config.train.init_from = str(tmp_path / "busy")
-    with pytest.raises(config_lib.ConfigError, match="is not a run workdir with checkpoints"):
+    with pytest.raises(run_config.ConfigError, match="is not a run workdir with checkpoints"):
         train.check_run(config)
 
 
@@ -134,7 +137,7 @@ def test_a_run_survives_its_own_hugging_face_round_trip(tmp_path):
     the tokenizer and the input settings travel with the weights (and generate --hf reads them)."""
     import os
 
-    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config = run_config.base_config("tiny", "g1_sdpa_elementwise")
     config.model.update(dict(vocab_size=512, num_layers=1, d_model=32, num_heads=2,
                              num_kv_heads=1, head_dim=16, mlp_dim=64))
     config.data.update(dict(source="files", paths=write_jsonl(tmp_path / "c.jsonl", texts(60)),

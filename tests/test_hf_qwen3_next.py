@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from gated_attention import hf
-from gated_attention.config_lib import ConfigError, base_config, model_config
+from gated_attention.config.run_config import ConfigError, base_config, model_config
 from gated_attention.hf import safetensors_io
-from gated_attention.model import build_model
+from gated_attention.model.transformer import build_model
 from tests.hf_fixtures import (
     multimodal_config,
     multimodal_tensors,
@@ -199,8 +199,8 @@ def test_zero_centred_norm_and_partial_rotary_against_float64(x64):
     """The two model pieces the layout needs, against numpy in float64 (scoped 64-bit)."""
     from flax import nnx
 
-    from gated_attention.layers.norms import RMSNorm
-    from gated_attention.layers.rope import apply_rope
+    from gated_attention.model.layers.norms import RMSNorm
+    from gated_attention.model.layers.rope import apply_rope
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 5, 3, 8))
@@ -225,7 +225,7 @@ def test_zero_centred_norm_and_partial_rotary_against_float64(x64):
 def test_analysis_sees_the_gate_as_its_own_tensor(tmp_path):
     """gate_scores (what every analysis reads) of an imported Qwen3.5 model are sigmoid of the
     gate rows of q_proj, per head [b, s, heads, head_dim], computed here from the HF tensors."""
-    from gated_attention import capture
+    from gated_attention.model import capture
 
     config = tiny_next_config("qwen3_5")
     tensors = random_next_tensors(config, seed=7)

@@ -6,8 +6,9 @@ import pytest
 from flax import nnx
 from test_train import mini_config
 
-from gated_attention import config_lib, train
-from gated_attention.metrics_writer import read_jsonl
+from gated_attention.config import run_config
+from gated_attention.training import train
+from gated_attention.training.metrics_writer import read_jsonl
 
 
 def _run(config, run_dir, **kwargs):
@@ -47,13 +48,13 @@ def _leaves(params):
 def test_continued_run_starts_from_the_source_parameters(source_run):
     root, source = source_run
     config = _continued(root, source, rope_base=1e6)
-    cfg = config_lib.validate_run_config(config)
+    cfg = run_config.validate_run_config(config)
     assert cfg.rope_base == 1e6
     mesh = train.sharding.create_mesh(config.mesh, jax.devices()[:1])
     spec = train.train_state_spec(config, mesh)
     with jax.set_mesh(mesh):
         fresh = spec.init()
-    from gated_attention.init_from import initial_state
+    from gated_attention.training.init_from import initial_state
 
     state = initial_state(config, fresh, spec)
     trained, _ = train.load_params(root / "short")
@@ -91,6 +92,6 @@ def test_bad_sources_are_refused_before_anything_is_written(source_run, change, 
     for key, value in change.items():
         section = config.model if key == "d_model" else config.train
         section[key] = value.format(root=root) if isinstance(value, str) else value
-    with pytest.raises(config_lib.ConfigError, match=message):
+    with pytest.raises(run_config.ConfigError, match=message):
         _run(config, root / "refused")
     assert not (root / "refused").exists()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gated_attention.config_lib import base_config, model_config
+from gated_attention.config.run_config import base_config, model_config
 from gated_attention.inspect import count_params, report, train_flops_per_token
 
 ROOT = Path(__file__).parents[1]
@@ -82,7 +82,8 @@ def test_a_plan_that_fits_on_none_listed_names_what_would_shrink_it():
     fit no accelerator on one device or on 32 data-parallel ones: the table ends with the
     overrides that shrink it; with them (32-way fsdp, 64 micro-batches, full remat) it fits
     and says nothing more."""
-    from gated_attention import inspect, memory
+    from gated_attention import inspect
+    from gated_attention.compile import memory
 
     config = base_config("dense_1p7b_28l", "g1_sdpa_elementwise")
     info = report(model_config(config), config.data.seq_len)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from orbax.checkpoint import multihost
 
-from gated_attention import interrupts
+from gated_attention.training import interrupts
 
 
 class Notifier:

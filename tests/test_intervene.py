@@ -12,11 +12,12 @@ from flax import nnx
 from test_beyond_variants import inputs, numpy_variant, randomise, tiny_cfg
 from test_train import mini_config
 
-from gated_attention import intervene, train
-from gated_attention.intervene import Change, apply_change
-from gated_attention.layers.attention import Attention
-from gated_attention.model import build_model
-from gated_attention.variants import VARIANTS
+from gated_attention.analysis import interventions as intervene
+from gated_attention.analysis.interventions import Change, apply_change
+from gated_attention.model.layers.attention import Attention
+from gated_attention.model.transformer import build_model
+from gated_attention.model.variants import VARIANTS
+from gated_attention.training import train
 
 
 def small_model(name="g1_sdpa_headwise"):
@@ -61,7 +62,7 @@ def test_closed_headwise_gate_equals_removing_the_heads_output():
                                       head_mask=[1, 1, 0, 1])
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
     module.gate.forced = None
-    from gated_attention.layers.gates import Intervention
+    from gated_attention.model.layers.gates import Intervention
 
     module.head_mask = Intervention(jnp.asarray([1.0, 1.0, 0.0, 1.0]))
     np.testing.assert_allclose(np.asarray(module(*args), np.float64), want, rtol=2e-4,

@@ -1,10 +1,11 @@
-"""The floors of the package, read from its imports (ast, nothing is imported).
+"""The floors of the package are its folders, read from its imports (ast, nothing is imported).
 
-Data flows downward only: ops < sharding < layers < model < train < CLIs. A module may import
-its own floor or lower ones, never a higher one, and no chain of imports may come back to
-where it started. Every import counts: inside functions as much as at the top of a file, and
-under `if TYPE_CHECKING:` too (an annotation that names a module above is an arrow up all
-the same; the model's config lives beside the model, in model_config.py, for that reason).
+Data flows downward only, one floor per folder: core, ops < parallel, cli < model < data <
+config < evaluation < training < hf < inference < analysis < compile < the commands (the
+modules at the package's top level, and pods/). A module may import its own floor or lower
+ones, never a higher one, and no chain of imports may come back to where it started. Every
+import counts: inside functions as much as at the top of a file, and under `if
+TYPE_CHECKING:` too (an annotation that names a module above is an arrow up all the same).
 """
 
 from __future__ import annotations
@@ -15,70 +16,39 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).parents[1] / "gated_attention"
 
-# Floor of every module, by dotted prefix (the longest prefix wins). A new module must be
-# placed here: a file with no floor fails the test rather than slipping in unchecked.
-FLOORS: dict[str, int] = {
-    # 0: kernels, plain functions of arrays (no Flax, no configs).
-    "gated_attention.ops": 0,
-    "gated_attention.errors": 0,  # the one user-error class: every floor may raise it
-    # 1: the ground floor: meshes and logical-axis rules, file paths, processes.
-    "gated_attention.sharding": 1,
-    "gated_attention.paths": 1,
-    "gated_attention.distributed": 1,
-    "gated_attention.tpu_topologies": 1,
-    "gated_attention.gpu_targets": 1,
-    "gated_attention.watchdog": 1,
-    "gated_attention.cuda_compile": 1,
-    "gated_attention.cpu_compile": 0,  # cheap CPU compiles (imports nothing), for ops.testing
-    "gated_attention.config_checks": 1,
-    "gated_attention.train_command": 1,  # the training command's argv (imports cli_flags only)
-    "gated_attention.cli_flags": 1,  # every command's flags, parsed on their own FlagValues
-    # 2: what the model is made of: the variant space, the model description, layers.
-    "gated_attention.variants": 2,
-    "gated_attention.layers": 2,
-    "gated_attention.model_config": 2,
-    # 3: the model, what it exposes, and the numbers read off it.
-    "gated_attention.model": 3,
-    "gated_attention.capture": 3,
-    "gated_attention.losses": 3,
-    "gated_attention.accounting": 3,
-    # 4: training, its inputs and outputs, the run config, analysis of runs.
-    "gated_attention.train": 4,
-    "gated_attention.optim": 4,
-    "gated_attention.train_config": 4,
-    "gated_attention.checkpoint": 4,
-    "gated_attention.metrics_writer": 4,
-    "gated_attention.workdir": 4,
-    "gated_attention.data": 4,
-    "gated_attention.config_lib": 4,
-    "gated_attention.memory": 4,
-    "gated_attention.analysis": 4,
-    "gated_attention.interrupts": 4,
-    "gated_attention.workdir_lock": 4,
-    "gated_attention.progress_log": 4,
-    "gated_attention.init_from": 4,
-    "gated_attention.run_checks": 4,
-    "gated_attention.init_by_name": 3,
-    "gated_attention.telemetry": 4,
-    "gated_attention.run_record": 4,
-    "gated_attention.telemetry_report": 4,
-    "gated_attention.hf": 4,
-    "gated_attention.evaluation": 4,  # lm-eval's backend: the training loop runs it too
-    # 5: command lines.
-    "gated_attention.main": 5,
-    "gated_attention.inspect": 5,
-    "gated_attention.analyze": 5,
-    "gated_attention.demo": 5,
-    "gated_attention.preflight": 5,
-    "gated_attention.target_compile": 4,
-    "gated_attention.convert": 5,
-    "gated_attention.generate": 5,
-    "gated_attention.evaluate_length": 5,
-    "gated_attention.harness": 5,
-    "gated_attention.intervene": 5,
-    "gated_attention.pods": 5,
+# Floor of every folder of the package. A module at the top level is a command; a new
+# folder must be placed here: one with no floor fails the test rather than slipping in.
+FLOOR_NAMES = ("core", "parallel", "model", "data", "config", "evaluation", "training", "hf",
+               "inference", "analysis", "compile", "commands")
+FOLDER_FLOORS: dict[str, int] = {
+    "core": 0,  # the user-error class, field checks, paths: imports nothing of the package
+    "ops": 0,  # kernels, plain functions of arrays (no Flax, no configs)
+    "parallel": 1,  # meshes, logical-axis rules, processes
+    "cli": 1,  # the commands' flags, the training argv, the platform choice
+    "model": 2,  # variants, the model description, layers, the transformer
+    "data": 3,
+    "config": 4,  # the run config: schema, archs, recipes, each section's checks
+    "evaluation": 5,  # lm-eval's backend; the training loop runs its hook
+    "training": 6,
+    "hf": 7,  # Hugging Face checkpoints in and out (a run's files)
+    "inference": 8,  # generation, loading a run or a Hugging Face folder
+    "analysis": 9,  # analysis of trained runs
+    "compile": 10,  # compiling for targets that are not attached, the pre-flight
+    "pods": 11,  # commands the pod scripts run
 }
-FLOOR_NAMES = ("ops", "sharding", "layers", "model", "train", "CLIs")
+COMMANDS = 11
+FLOORS = {f"gated_attention.{folder}": floor for folder, floor in FOLDER_FLOORS.items()}
+
+
+def test_the_top_level_holds_commands_only():
+    """Every module at the package's top level is a command a user runs (`python -m`)."""
+    main_block = 'if __name__ == "__main__":'
+    not_commands = [p.name for p in PACKAGE.glob("*.py")
+                    if p.name != "__init__.py" and main_block not in p.read_text()]
+    assert not not_commands, f"move these into a folder by role: {not_commands}"
+    folders = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert folders == set(FOLDER_FLOORS), f"floors to place: {folders ^ set(FOLDER_FLOORS)}"
+
 
 # (importer, imported) -> why the arrow is tolerated. Keep this short.
 EXCEPTIONS: dict[tuple[str, str], str] = {}
@@ -128,8 +98,11 @@ def imports_of(name: str, path: Path, modules: Iterable[str]) -> tuple[set[str],
 
 
 def floor_of(module: str) -> int | None:
-    matches = [p for p in FLOORS if module == p or module.startswith(p + ".")]
-    return FLOORS[max(matches, key=len)] if matches else None
+    """The module's folder's floor; COMMANDS for a module at the top level."""
+    parts = module.split(".")
+    if len(parts) == 2 and parts[1] not in FOLDER_FLOORS:
+        return COMMANDS
+    return FLOORS.get(".".join(parts[:2]))
 
 
 def find_cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
@@ -182,39 +155,41 @@ def test_cycle_finder_finds_a_planted_cycle():
 
 
 def test_import_reader_sees_lazy_and_relative_imports(tmp_path):
-    source = ("import json\nfrom gated_attention import sharding\n"
+    source = ("import json\nfrom gated_attention.parallel import sharding\n"
               "def f():\n    from gated_attention.ops import gating\n    from . import paths\n")
     path = tmp_path / "mod.py"
     path.write_text(source)
-    modules = {"gated_attention.x.mod", "gated_attention.sharding", "gated_attention.ops",
+    modules = {"gated_attention.x.mod", "gated_attention.parallel.sharding", "gated_attention.ops",
                "gated_attention.ops.gating", "gated_attention.x.paths"}
     project, external = imports_of("gated_attention.x.mod", path, modules)
-    assert project == {"gated_attention.sharding", "gated_attention.ops.gating",
+    assert project == {"gated_attention.parallel.sharding", "gated_attention.ops.gating",
                        "gated_attention.x.paths"}
     assert external == {"json"}
 
 
 # A module that imports the run config for type hints only.
 TYPE_ONLY_IMPORT = ("from typing import TYPE_CHECKING\n"
-                    "if TYPE_CHECKING:\n    from gated_attention.config_lib import ModelConfig\n")
+                    "if TYPE_CHECKING:\n"
+                    "    from gated_attention.config.run_config import ModelConfig\n")
 
 
 def test_import_reader_counts_type_only_imports(tmp_path):
     path = tmp_path / "mod.py"
     path.write_text(TYPE_ONLY_IMPORT)
-    modules = {"gated_attention.x.mod", "gated_attention.config_lib"}
+    modules = {"gated_attention.x.mod", "gated_attention.config.run_config"}
     project, _ = imports_of("gated_attention.x.mod", path, modules)
-    assert project == {"gated_attention.config_lib"}
+    assert project == {"gated_attention.config.run_config"}
 
 
 def test_an_upward_import_fails_the_floor_check(tmp_path):
     """Negative control: a layer naming the run config (even for a type only) is caught."""
     path = tmp_path / "attention.py"
     path.write_text(TYPE_ONLY_IMPORT)
-    name = "gated_attention.layers.attention"
+    name = "gated_attention.model.layers.attention"
     project, _ = imports_of(name, path, set(package_modules()))
     assert upward_arrows({name: project}) == [
-        "gated_attention.layers.attention (layers) -> gated_attention.config_lib (train)"]
+        "gated_attention.model.layers.attention (model) -> gated_attention.config.run_config "
+        "(config)"]
 
 
 def test_every_module_has_a_floor():
@@ -253,10 +228,10 @@ def test_no_arrow_from_a_lower_floor_to_a_higher_one():
 def test_the_model_reads_its_config_from_its_own_floor():
     """The layers and the model import ModelConfig at run time from model_config.py."""
     graph, _ = import_graph()
-    for module in ("gated_attention.layers.attention", "gated_attention.layers.block",
-                   "gated_attention.layers.moe", "gated_attention.model"):
-        assert "gated_attention.model_config" in graph[module], module
-        assert "gated_attention.config_lib" not in graph[module], module
+    for module in ("gated_attention.model.layers.attention", "gated_attention.model.layers.block",
+                   "gated_attention.model.layers.moe", "gated_attention.model.transformer"):
+        assert "gated_attention.model.model_config" in graph[module], module
+        assert "gated_attention.config.run_config" not in graph[module], module
 
 
 def test_kernels_know_no_flax_and_no_configs():

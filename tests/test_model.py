@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention.config_lib import base_config, model_config
+from gated_attention.config.run_config import base_config, model_config
 from gated_attention.inspect import count_params
-from gated_attention.losses import cross_entropy
-from gated_attention.model import build_model
-from gated_attention.model_config import ModelConfig
-from gated_attention.variants import VARIANTS
+from gated_attention.model.model_config import ModelConfig
+from gated_attention.model.transformer import build_model
+from gated_attention.model.variants import VARIANTS
+from gated_attention.training.losses import cross_entropy
 
 
 def small_cfg(name: str) -> ModelConfig:

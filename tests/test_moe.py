@@ -12,11 +12,11 @@ import pytest
 from flax import nnx
 
 from gated_attention import inspect as ga_inspect
-from gated_attention import sharding
-from gated_attention.config_lib import base_config, model_config
-from gated_attention.layers import moe_ops, moe_parallel
-from gated_attention.layers.moe import MoEFeedForward
-from gated_attention.model import Transformer
+from gated_attention.config.run_config import base_config, model_config
+from gated_attention.model.layers import moe_ops, moe_parallel
+from gated_attention.model.layers.moe import MoEFeedForward
+from gated_attention.model.transformer import Transformer
+from gated_attention.parallel import sharding
 
 D, F, E, K = 16, 12, 8, 2
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gated_attention import distributed
+from gated_attention.parallel import distributed
 
 WORKER = Path(__file__).with_name("multiprocess_worker.py")
 _spec = importlib.util.spec_from_file_location("multiprocess_worker", WORKER)
@@ -95,8 +95,8 @@ def test_two_processes_agree_with_one_process(tmp_path):
     """
     from test_train import mini_config
 
-    from gated_attention import train
-    from gated_attention.metrics_writer import read_jsonl
+    from gated_attention.training import train
+    from gated_attention.training.metrics_writer import read_jsonl
 
     config = mini_config(tmp_path, steps=4, eval_every=4, checkpoint_every=2)
     config.optimizer.warmup_steps = 2
@@ -135,7 +135,7 @@ def test_a_tpu_target_compile_leaves_no_pod_environment_to_children():
     """libtpu, started to compile for a TPU on this CPU host, sets CLOUD_TPU_TASK_ID and
     friends in the process environment; a child process (a grid's run) must still see a
     single host."""
-    from gated_attention import target_compile
+    from gated_attention.compile import target as target_compile
 
     target_compile.tpu_devices("v5e:2x2")
     probe = ("import os, sys; from gated_attention import distributed; "

@@ -15,8 +15,8 @@ import pytest
 from nbclient import NotebookClient
 
 from experiments import run_grid, summarize
-from gated_attention import cpu_compile
 from gated_attention.analysis import stability
+from gated_attention.ops import cpu_compile
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # One CPU device and cheap XLA compiles for the training subprocesses and the kernels.

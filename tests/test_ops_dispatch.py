@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention import config_lib, ops
-from gated_attention.model import Transformer
+from gated_attention import ops
+from gated_attention.config import run_config
+from gated_attention.model.transformer import Transformer
 from gated_attention.ops import block_sizes
 
 # What each implementation can do, restated from its module docstring (not read from
@@ -105,13 +106,13 @@ def test_block_size_table_and_overrides():
 
 
 def _tiny_model(impl: str) -> Transformer:
-    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config = run_config.base_config("tiny", "g1_sdpa_elementwise")
     config.attention.normalizer = "learned_sink"
     config.model.num_layers = 1
     config.model.attention_impl = impl
     config.model.block_sizes.block_q = 16
     config.model.block_sizes.block_kv = 16
-    return Transformer(config_lib.model_config(config), rngs=nnx.Rngs(0))
+    return Transformer(run_config.model_config(config), rngs=nnx.Rngs(0))
 
 
 def test_model_on_pallas_gpu_matches_xla():

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention import config_lib, optim
-from gated_attention.model import abstract_model
+from gated_attention.config import run_config
+from gated_attention.model.transformer import abstract_model
+from gated_attention.training import optim
 
 OPT = ml_collections.ConfigDict(dict(peak_lr=2e-3, warmup_steps=100, final_lr=3e-5, b1=0.9,
                                      b2=0.95, eps=1e-8, weight_decay=0.1, clip_norm=1.0))
@@ -31,8 +32,8 @@ def test_schedule_matches_hand_computed_values(step, expected):
 
 
 def test_weight_decay_skips_norms_vectors_and_gate_theta():
-    config = config_lib.base_config("tiny", "g1_input_independent")
-    params = nnx.state(abstract_model(config_lib.model_config(config)), nnx.Param)
+    config = run_config.base_config("tiny", "g1_input_independent")
+    params = nnx.state(abstract_model(run_config.model_config(config)), nnx.Param)
     flat = {jax.tree_util.keystr(p): v for p, v in
             jax.tree_util.tree_leaves_with_path(optim.decay_mask(params))}
     assert all(v is False for k, v in flat.items() if "scale" in k or "theta" in k)

@@ -10,10 +10,10 @@ import numpy_reference as ref
 import pytest
 from flax import nnx
 
-from gated_attention.layers.attention import Attention
-from gated_attention.layers.paired_projection import paired_projection
-from gated_attention.model_config import ModelConfig
-from gated_attention.variants import VARIANTS
+from gated_attention.model.layers.attention import Attention
+from gated_attention.model.layers.paired_projection import paired_projection
+from gated_attention.model.model_config import ModelConfig
+from gated_attention.model.variants import VARIANTS
 
 pytestmark = pytest.mark.reference("independent")  # float64 numpy
 

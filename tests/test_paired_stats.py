@@ -96,7 +96,7 @@ def test_summary_pairs_each_row_with_the_baseline_seed_by_seed(tmp_path):
 
 
 def _analysis(f_attn: float) -> dict:
-    """analysis.json as gated_attention.analyze writes it, with the fields the summary reads."""
+    """analysis.json as `analyze` writes it, with the fields the summary reads."""
     return {"perplexity": 20.0, "first_token_attention": f_attn, "sink_rate": 0.5,
             "massive_activation": 10.0, "gate_score_mean": None, "step": 30,
             "params": {"params_added_vs_baseline": 0}}

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from gated_attention import ops, sharding
+from gated_attention import ops
+from gated_attention.parallel import sharding
 
 
 @pytest.mark.parametrize("mesh_shape, kv_heads", [

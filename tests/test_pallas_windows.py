@@ -361,7 +361,8 @@ def test_windowed_kernel_compiles_for_a_tpu_forward_and_backward():
 @pytest.mark.needs("jax_plugins.xla_cuda12")
 def test_windowed_kernel_compiles_for_an_h200_forward_and_backward():
     """Triton -> PTX -> cubin for an H200 (no GPU): forward and dk/dv (with dq) kernels."""
-    from gated_attention import gpu_targets, target_compile
+    from gated_attention.compile import gpu_targets
+    from gated_attention.compile import target as target_compile
     from gated_attention.ops.target import compiling_for
 
     device = target_compile.gpu_devices(gpu_targets.parse_accelerator("h200-1"))[0]

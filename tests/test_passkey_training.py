@@ -9,11 +9,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention import config_lib, cpu_compile, evaluate_length, sharding, train
-from gated_attention.analysis import retrieval_tasks as rt
-from gated_attention.data import passkey
+from gated_attention.analysis import length as evaluate_length
+from gated_attention.analysis import retrieval_scores as rt
+from gated_attention.config import run_config
+from gated_attention.data.synthetic import passkey
 from gated_attention.data.tokenizer import ByteTokenizer
-from gated_attention.model import abstract_model
+from gated_attention.model.transformer import abstract_model
+from gated_attention.ops import cpu_compile
+from gated_attention.parallel import sharding
+from gated_attention.training import train
 
 # 300 steps of 16 rows at 64 tokens, Adam at a constant 3e-2 (measured 2026-12-03, this
 # training compiled as below, this file run alone): 0.98 of the answer digits and 59 of 64
@@ -24,7 +28,7 @@ from gated_attention.model import abstract_model
 LENGTH, STEPS, BATCH, DIGITS, EXAMPLES, PEAK_LR = 64, 300, 16, 4, 64, 3e-2
 # The training's one program is compiled with XLA's default CPU optimisations (its MLIR fusion
 # emitters included), named here so that no XLA_FLAGS of the test process can change them
-# (gated_attention/cpu_compile.py's cheap settings make each step about twice as slow).
+# (gated_attention/ops/cpu_compile.py's cheap settings make each step about twice as slow).
 OPTIMIZED = {"xla_backend_optimization_level": 2, "xla_llvm_disable_expensive_passes": False,
              **cpu_compile.fusion_emitters(True)}
 TOKENIZER = ByteTokenizer(260)
@@ -38,7 +42,7 @@ CHANCE_EXACT, CHANCE_DIGIT = 1 / (9 * 10 ** (DIGITS - 1)), 1 / 9
 def tiny_config():
     """arch=passkey_tiny: 2 layers of width 64, 4 heads of 16, bytes; Adam at a constant
     PEAK_LR after warm-up."""
-    config = config_lib.base_config("passkey_tiny", "baseline")
+    config = run_config.base_config("passkey_tiny", "baseline")
     assert (config.data.source, config.data.tokenizer, config.model.vocab_size) == (
         "passkey", "byte", 260)
     config.data.update(dict(seq_len=LENGTH))
@@ -69,7 +73,7 @@ def trained():
     step = train.jit_train_step(train.make_train_step(graphdef, config), mesh, shardings)
     first = passkey.packed_batch(TOKENIZER, LENGTH, BATCH, 0, digits=DIGITS)
     step = step.lower(state, first).compile(OPTIMIZED)  # the same program, optimised
-    cfg = evaluate_length.scaled_config(config_lib.model_config(config), "none", LENGTH, 1.0,
+    cfg = evaluate_length.scaled_config(run_config.model_config(config), "none", LENGTH, 1.0,
                                         LENGTH)
     forward = evaluate_length.make_forward(nnx.split(abstract_model(cfg), nnx.Param, ...)[0])
     before = scores(forward, state["params"], held_out(LENGTH), LENGTH)
@@ -181,7 +185,7 @@ def test_a_passkey_run_trains_is_scored_at_length_and_bad_fields_are_named(tmp_p
     bad = [(dict(tokenizer="sentencepiece"), "data.source='passkey' generates its text"),
            (dict(passkey=dict(digits=0)), "data.passkey.digits=0 must be in 1..18")]
     for fields, message in bad:
-        with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
-            config_lib.validate_run_config(passkey_run_config(**fields))
+        with pytest.raises(run_config.ConfigError, match=re.escape(message)):
+            run_config.validate_run_config(passkey_run_config(**fields))
     with pytest.raises(ValueError, match="data.passkey.min_tokens: min_tokens=5 must be in"):
         passkey.build_inputs(passkey_run_config(passkey=dict(min_tokens=5)))

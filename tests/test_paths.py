@@ -1,10 +1,10 @@
-"""gated_attention.paths on a local disk and on a (faked) bucket."""
+"""gated_attention.core.paths on a local disk and on a (faked) bucket."""
 
 import os
 
 import pytest
 
-from gated_attention import paths
+from gated_attention.core import paths
 
 
 def test_resolve_keeps_uris_and_makes_local_paths_absolute(tmp_path, monkeypatch):

@@ -68,14 +68,15 @@ def host_callbacks(text: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def tpu_devices():  # for tests marked needs("libtpu")
-    from gated_attention.target_compile import tpu_devices
+    from gated_attention.compile.target import tpu_devices
 
     return tpu_devices("v5e:2x2")
 
 
 @pytest.fixture(scope="module")
 def gpu_devices():  # for tests marked needs("jax_plugins.xla_cuda12")
-    from gated_attention import gpu_targets, target_compile
+    from gated_attention.compile import gpu_targets
+    from gated_attention.compile import target as target_compile
 
     return target_compile.gpu_devices(gpu_targets.parse_accelerator("h200-2"))
 

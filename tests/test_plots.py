@@ -193,7 +193,7 @@ def test_f_attn_over_steps_legend_shows_each_layers_line_style(figures, tmp_path
 
 def test_sink_emergence_legend_shows_each_layers_line_style_and_the_last_step(figures,
                                                                                tmp_path):
-    from gated_attention import telemetry_report
+    from gated_attention.analysis import telemetry_report
 
     points = {v: [{"step": s, "f_attn_per_layer": [0.1 * s / 1000 + f, 0.05 + f]}
                   for s in range(100, 1001, 100)] for v, f in (("baseline", 0.5),
@@ -255,7 +255,8 @@ import matplotlib
 matplotlib.use("svg")
 import numpy as np
 from gated_attention.analysis import plots, sink_report
-from gated_attention import analyze, telemetry_report
+from gated_attention.analysis import run_analysis as analyze
+from gated_attention.analysis import telemetry_report
 out = {str(tmp_path)!r}
 plots.plot_per_layer({{"a": [1.0, 17.0]}}, out + "/p.png", "y", "t", log=True)
 plots.plot_loss_curves({{"a": [(1, 3.0), (2, 2.5)]}}, out + "/l.png")

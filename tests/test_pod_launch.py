@@ -26,7 +26,8 @@ import pytest
 from gcs_server import gcs_bucket  # noqa: F401  (fixture)
 from tiny_runs import tiny_flags, wait_for
 
-from gated_attention import cpu_compile, paths
+from gated_attention.core import paths
+from gated_attention.ops import cpu_compile
 from gated_attention.pods import worker_log
 
 REPO = Path(__file__).resolve().parents[1]

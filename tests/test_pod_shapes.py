@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gated_attention.tpu_topologies import (
+from gated_attention.compile.tpu_topologies import (
     AcceleratorError,
     cube_layout,
     known_accelerators,
@@ -72,11 +72,11 @@ def test_hosts_per_slice():
 
 
 def test_type_check_command_for_create():
-    ok = subprocess.run([sys.executable, "-m", "gated_attention.tpu_topologies", "v4-384"],
+    ok = subprocess.run([sys.executable, "-m", "gated_attention.compile.tpu_topologies", "v4-384"],
                         capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert ok.returncode == 0 and ok.stdout.split() == [
         "v4-384", "topology=v4:4x4x12", "chips=192", "hosts=48"]
-    bad = subprocess.run([sys.executable, "-m", "gated_attention.tpu_topologies", "v4-100"],
+    bad = subprocess.run([sys.executable, "-m", "gated_attention.compile.tpu_topologies", "v4-100"],
                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert bad.returncode == 2 and bad.stderr.startswith("error: accelerator 'v4-100' is not")
 
@@ -87,14 +87,14 @@ def test_type_check_command_for_create():
 def test_libtpu_describes_the_new_shapes(topology, devices):
     """The deviceless compiler knows the shapes: one device per chip on v4 / v5p (megacore),
     one per core on v3 and TPU7x (2 per chip)."""
-    from gated_attention import target_compile
+    from gated_attention.compile import target as target_compile
 
     assert len(target_compile.tpu_devices(topology)) == devices
 
 
 @pytest.mark.needs("libtpu")
 def test_two_slice_devices_carry_their_slice():
-    from gated_attention import target_compile
+    from gated_attention.compile import target as target_compile
 
     devices = target_compile.tpu_devices("v5e:2x2", num_slices=2)
     assert sorted(d.slice_index for d in devices) == [0] * 4 + [1] * 4
@@ -114,9 +114,10 @@ def test_preflight_compiles_the_tiny_config_for_two_slices(tmp_path):
               # one layer: the slices' claims do not depend on the depth, and the tiny
               # arch's 4 unrolled layers made this the file's 16 CPU-s
               "--config.model.num_layers=1"]
-    from gated_attention import config_lib, preflight
+    from gated_attention.compile import preflight
+    from gated_attention.config import run_config
 
-    config = config_lib.base_config("tiny", "baseline")
+    config = run_config.base_config("tiny", "baseline")
     with pytest.raises(ValueError, match=r"^--slices=2 needs mesh.dcn_\* sizes that multiply "
                        r"to 2 \(e.g. --config.mesh.dcn_data=2\); the config spans 1 slice\(s\) "
                        r"\(none set\)$"):

@@ -16,8 +16,10 @@ from pathlib import Path
 import jax
 import pytest
 
-from gated_attention import config_lib, memory, preflight, target_compile
-from gated_attention.tpu_topologies import AcceleratorError, parse_accelerator, torus_layout
+from gated_attention.compile import memory, preflight
+from gated_attention.compile import target as target_compile
+from gated_attention.compile.tpu_topologies import AcceleratorError, parse_accelerator, torus_layout
+from gated_attention.config import run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +57,7 @@ def test_cli_refuses_bad_input_in_one_line_before_compiling(tmp_path):
 
 
 def tiny_config():
-    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config = run_config.base_config("tiny", "g1_sdpa_elementwise")
     config.model.num_layers = 2
     config.model.scan_layers = True  # one traced block: the compile stays cheap
     config.model.remat = "full"
@@ -86,7 +88,7 @@ def test_tiny_train_step_compiles_for_v5e_with_the_pallas_kernel_in_mosaic(tiny_
 @pytest.mark.needs("libtpu")
 def test_compiler_memory_and_flops_match_hand_counts(tiny_train_step):
     config, mesh, step = tiny_train_step
-    cfg = config_lib.model_config(config)
+    cfg = run_config.model_config(config)
     # Arguments: float32 weights + two AdamW moments (replicated over data=4), the step
     # counter, and this device's quarter of the 5 int32 [8, 256] batch arrays.
     params = memory.parameter_bytes(cfg, dict(mesh.shape))

@@ -4,12 +4,12 @@ import types
 
 import pytest
 
-from gated_attention import config_lib
-from gated_attention.progress_log import ProgressLine
+from gated_attention.config import run_config
+from gated_attention.training.progress_log import ProgressLine
 
 
 def test_progress_line_counts_mfu_over_the_devices_peak_and_the_time_left():
-    config = config_lib.base_config("tiny", "baseline")
+    config = run_config.base_config("tiny", "baseline")
     config.train.steps = 1000
     devices = [types.SimpleNamespace(device_kind="TPU v5 lite")] * 4  # 197 TFLOP/s each
     line = ProgressLine(config, devices)
@@ -31,7 +31,7 @@ def test_the_progress_bar_starts_after_the_first_step_and_its_compile(tmp_path, 
     import jax
     import tqdm.auto
 
-    from gated_attention import train
+    from gated_attention.training import train
 
     bars = []
 
@@ -53,7 +53,7 @@ def test_the_progress_bar_starts_after_the_first_step_and_its_compile(tmp_path, 
             pass
 
     monkeypatch.setattr(tqdm.auto, "tqdm", Recorder)
-    config = config_lib.base_config("tiny", "baseline")
+    config = run_config.base_config("tiny", "baseline")
     config.model.update(vocab_size=64, num_layers=1, d_model=32, num_heads=2, num_kv_heads=1,
                         head_dim=16, mlp_dim=64)
     config.data.update(source="synthetic", seq_len=16)

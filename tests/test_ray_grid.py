@@ -27,7 +27,8 @@ import pytest
 from gcs_server import gcs_bucket  # noqa: F401  (fixture)
 
 from experiments import ray_grid, run_grid
-from gated_attention import cpu_compile, paths
+from gated_attention.core import paths
+from gated_attention.ops import cpu_compile
 
 REPO = Path(__file__).resolve().parents[1]
 SETTINGS = ["model.num_layers=1", "model.d_model=32", "model.num_heads=2", "model.num_kv_heads=1",
@@ -125,7 +126,7 @@ def params(run_dir) -> list[np.ndarray]:
     import jax
     from flax import nnx
 
-    from gated_attention import train
+    from gated_attention.training import train
 
     model, _ = train.load_params(run_dir)
     return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]

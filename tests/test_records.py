@@ -1,4 +1,4 @@
-"""Run records (gated_attention/run_record.py) and the tables rebuilt from them
+"""Run records (gated_attention/training/run_record.py) and the tables rebuilt from them
 (experiments/make_tables.py). A real run's record.json: tests/test_telemetry.py; its wall
 time over a stopped and resumed run: here."""
 
@@ -14,7 +14,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from experiments import make_tables, summarize
-from gated_attention import run_record
+from gated_attention.training import run_record
 from tests import grid_fixtures
 
 
@@ -235,7 +235,7 @@ def compiled_once(tmp_path):
 
 @pytest.mark.slow
 def test_a_resumed_run_records_the_wall_time_of_both_calls(tmp_path, compiled_once):
-    from gated_attention import train
+    from gated_attention.training import train
 
     workdir = tmp_path / "run"
     config = _telemetry_config(6)

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from gated_attention.analysis import retrieval_tasks as rt
+from gated_attention.analysis import retrieval_scores as rt
 from gated_attention.data.tokenizer import ByteTokenizer
 
 TOKENIZER = ByteTokenizer(260)

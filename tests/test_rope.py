@@ -7,8 +7,8 @@ import numpy as np
 import numpy_reference as ref
 import pytest
 
-from gated_attention import config_lib
-from gated_attention.layers.rope import (
+from gated_attention.config import run_config
+from gated_attention.model.layers.rope import (
     RopeScaling,
     apply_rope,
     attention_factor,
@@ -96,11 +96,11 @@ def test_factor_one_is_the_identity(scaling):
 
 
 def test_config_builds_the_scaling_and_rejects_bad_fields():
-    config = config_lib.base_config("tiny", "baseline")
-    assert config_lib.model_config(config).rope_scaling == RopeScaling()
+    config = run_config.base_config("tiny", "baseline")
+    assert run_config.model_config(config).rope_scaling == RopeScaling()
     config.model.rope_base = 1e6
     config.model.rope_scaling.update(dict(type="yarn", factor=8.0, original_max_position=256))
-    cfg = config_lib.model_config(config)
+    cfg = run_config.model_config(config)
     assert cfg.rope_base == 1e6
     assert cfg.rope_scaling == RopeScaling("yarn", 8.0, original_max_position=256)
     for changes, message in [
@@ -110,8 +110,8 @@ def test_config_builds_the_scaling_and_rejects_bad_fields():
         (dict(beta_slow=40.0), "beta_slow"),
         (dict(attention_factor=-1.0), "attention_factor"),
     ]:
-        bad = config_lib.base_config("tiny", "baseline")
+        bad = run_config.base_config("tiny", "baseline")
         bad.model.rope_scaling.update(dict(type="yarn", factor=8.0, original_max_position=256))
         bad.model.rope_scaling.update(changes)
-        with pytest.raises(config_lib.ConfigError, match=message.replace("(", r"\(")):
-            config_lib.model_config(bad)
+        with pytest.raises(run_config.ConfigError, match=message.replace("(", r"\(")):
+            run_config.model_config(bad)

@@ -9,9 +9,11 @@ import re
 import pytest
 from data_fixtures import texts, write_jsonl
 
-from gated_attention import config_lib, preflight, run_checks
-from gated_attention.config_lib import ConfigError
-from gated_attention.tpu_topologies import parse_accelerator
+from gated_attention.compile import preflight
+from gated_attention.compile.tpu_topologies import parse_accelerator
+from gated_attention.config import run_config
+from gated_attention.config.run_config import ConfigError
+from gated_attention.training import run_checks
 
 CONFIGS = pathlib.Path(__file__).parents[1] / "configs"
 
@@ -24,7 +26,7 @@ def load_config(name: str, arg: str | None = None):
 
 
 def files_config(tmp_path, corpus, vocab_size=700, **data):
-    config = config_lib.base_config("tiny", "baseline")
+    config = run_config.base_config("tiny", "baseline")
     config.model.vocab_size = vocab_size
     config.train.update(steps=4, batch_size=4)
     config.data.seq_len = 64
@@ -106,7 +108,7 @@ def test_a_tokenizer_file_of_another_size_is_refused_for_local_and_streamed_sour
     with pytest.raises(ConfigError, match=r"^data\.tokenizer_path: the tokenizer at .* has 680 "
                                           r"tokens but model\.vocab_size=700$"):
         run_checks.check_run(config)
-    passkey = config_lib.base_config("passkey_tiny", "baseline")
+    passkey = run_config.base_config("passkey_tiny", "baseline")
     passkey.model.vocab_size = 700
     passkey.data.update(tokenizer="sentencepiece", tokenizer_path=str(path))
     with pytest.raises(ConfigError, match=r"^data\.tokenizer_path='.*sp680\.model': the "

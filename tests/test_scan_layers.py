@@ -7,10 +7,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention import capture, config_lib
-from gated_attention.model import Transformer, build_model, stack_layer_params, unstack_layer_params
-from gated_attention.model_config import ModelConfig
-from gated_attention.variants import VARIANTS
+from gated_attention.config import run_config
+from gated_attention.model import capture
+from gated_attention.model.model_config import ModelConfig
+from gated_attention.model.transformer import (
+    Transformer,
+    build_model,
+    stack_layer_params,
+    unstack_layer_params,
+)
+from gated_attention.model.variants import VARIANTS
 
 
 def small_cfg(variant="g1_sdpa_elementwise", **changes):
@@ -100,8 +106,8 @@ def test_capture_on_a_scanned_model_gives_each_layers_tensors():
 
 
 def test_paper_archs_scan_by_default_and_small_ones_do_not():
-    for arch in config_lib.ARCHS:
-        cfg = config_lib.model_config(config_lib.base_config(arch, "baseline"))
+    for arch in run_config.ARCHS:
+        cfg = run_config.model_config(run_config.base_config(arch, "baseline"))
         assert cfg.scan_layers == (arch in ("dense_1p7b_28l", "dense_1p7b_48l", "moe_15a2b"))
 
 

@@ -7,8 +7,9 @@ import pytest
 
 from configs import sinks
 from experiments import grid_lib
-from gated_attention import sharding, train
 from gated_attention.data import build_inputs
+from gated_attention.parallel import sharding
+from gated_attention.training import train
 
 
 def _config(run: grid_lib.Run, settings=None):
@@ -80,10 +81,10 @@ def test_seed_sets_the_data_and_a_switch_keeps_it_fixed():
 ])
 def test_bad_telemetry_interval_names_the_field(field, value, message):
     """(A value of the wrong type, e.g. train.init_by_name=yes, ml_collections refuses.)"""
-    from gated_attention import config_lib
+    from gated_attention.config import run_config
 
     config = sinks.get_config()
     section, name = field.split(".")
     config[section][name] = value
-    with pytest.raises(config_lib.ConfigError, match=message.replace(".", r"\.")):
-        config_lib.validate_run_config(config)
+    with pytest.raises(run_config.ConfigError, match=message.replace(".", r"\.")):
+        run_config.validate_run_config(config)

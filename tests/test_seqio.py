@@ -6,7 +6,7 @@ from pydoc_data.topics import topics
 import numpy as np
 import pytest
 
-from gated_attention import config_lib
+from gated_attention.config import run_config
 from gated_attention.data import corpus, packing, pipeline, registry, seqio_source, tokenizer
 
 
@@ -39,7 +39,7 @@ def test_seqio_and_grain_yield_identical_tokens_and_batches(texts_and_vocab):
         assert ids[-1] == sp.eos_id
         assert sp.decode(ids[:-1]) == texts[i]  # an independent check: decoding gives the text
 
-    data_config = config_lib.data_section("tiny")
+    data_config = run_config.data_section("tiny")
     data_config.seq_len, data_config.add_bos = 32, True
     grain_batches = list(packing.pack_and_batch(
         pipeline.grain.MapDataset.source(pipeline.ChunkSource(
@@ -58,7 +58,7 @@ def test_seqio_iterator_resumes_exactly(texts_and_vocab):
     root, _, model = texts_and_vocab
     task = seqio_source.register_text_task(
         "ga_test_resume", {"train": [str(root / "docs.txt")]}, model)
-    data_config = config_lib.data_section("tiny")
+    data_config = run_config.data_section("tiny")
     data_config.seq_len = 16
     ds = seqio_source.batches(task, "train", data_config, 2, 1, shuffle=True, seed=3,
                               repeat=True)
@@ -87,18 +87,18 @@ def test_a_users_task_module_is_imported_and_brings_its_vocabulary(texts_and_voc
         f" 'validation': [{str(root / 'docs.txt')!r}]}}, {model!r},"
         f" num_input_examples={{'train': {len(texts)}, 'validation': {len(texts)}}})\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    config = config_lib.base_config("tiny", "baseline")
+    config = run_config.base_config("tiny", "baseline")
     config.model.vocab_size = 400
     config.data.update(dict(source="seqio", seqio=dict(task="ga_user_task"), seq_len=32))
     config.train.update(dict(batch_size=2, eval_batches=1))
-    with pytest.raises(config_lib.ConfigError, match=r"^data.seqio.task='ga_user_task' is not "
+    with pytest.raises(run_config.ConfigError, match=r"^data.seqio.task='ga_user_task' is not "
                        r"a registered seqio task or mixture; .* --seqio_module=that.module$"):
-        config_lib.validate_run_config(config)
+        run_config.validate_run_config(config)
         registry.check_files(config)  # opens the task
     with pytest.raises(ImportError, match=r"--seqio_module='ga_no_such_module' cannot be"):
         import_modules("ga_no_such_module")
     import_modules("ga_user_tasks")
-    config_lib.validate_run_config(config)  # no data.tokenizer_path: the task's vocabulary
+    run_config.validate_run_config(config)  # no data.tokenizer_path: the task's vocabulary
     inputs = build_inputs(config, tmp_path / "run")
     batch = next(inputs.train)
     assert batch["inputs"].shape == (2, 32) and len(inputs.eval_batches) == 1

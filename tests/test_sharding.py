@@ -17,7 +17,8 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from gated_attention import checkpoint, losses, sharding, train
+from gated_attention.parallel import sharding
+from gated_attention.training import checkpoint, losses, train
 
 _spec = importlib.util.spec_from_file_location(
     "multiprocess_worker", Path(__file__).with_name("multiprocess_worker.py"))
@@ -229,9 +230,10 @@ def test_checkpoint_saved_on_one_mesh_restores_on_others(tmp_path):
 # ----------------------------------------------------------------------------- memory plan
 
 def test_memory_plan_matches_hand_count():
-    from gated_attention import config_lib, memory
+    from gated_attention.compile import memory
+    from gated_attention.config import run_config
 
-    cfg = config_lib.model_config(worker.tiny_config())
+    cfg = run_config.model_config(worker.tiny_config())
     one_way = {"data": 8, "fsdp": 1, "tensor": 1, "expert": 1}
     fsdp8 = {"data": 1, "fsdp": 8, "tensor": 1, "expert": 1}
     # embed 256x64, q/o/gate 3 x 64x8x8, k/v 2 x 64x4x8, FFN 3 x 64x128, norms 3 x 64 + 2 x 8

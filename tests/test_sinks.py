@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from experiments import summarize
-from gated_attention import config_lib
-from gated_attention.data import bigram_backcopy as bb
+from gated_attention.config import run_config
 from gated_attention.data import build_inputs
+from gated_attention.data.synthetic import bigram_backcopy as bb
 
 
 def _chain(vocab=17, triggers=3, alpha=0.5, seed=3):
@@ -73,11 +73,11 @@ def test_sequences_follow_the_definition():
 
 
 def _config(**data):
-    config = config_lib.base_config("sink_tiny", "baseline")
+    config = run_config.base_config("sink_tiny", "baseline")
     config.data.seq_len = 16
     config.train.batch_size = 8
     config.train.eval_batches = 2
-    return config_lib.apply_overrides(config, {f"data.{k}": v for k, v in data.items()})
+    return run_config.apply_overrides(config, {f"data.{k}": v for k, v in data.items()})
 
 
 def test_batches_are_identical_after_resume_and_host_independent(tmp_path):
@@ -112,20 +112,20 @@ def test_batches_are_identical_after_resume_and_host_independent(tmp_path):
     ("backcopy.alpha", 0.0, "data.backcopy.alpha=0.0 must be > 0"),
 ])
 def test_bad_task_settings_are_one_line_errors(field, value, words):
-    with pytest.raises(config_lib.ConfigError, match=words.replace(".", r"\.")):
-        config_lib.validate_run_config(_config(**{field: value}))
+    with pytest.raises(run_config.ConfigError, match=words.replace(".", r"\.")):
+        run_config.validate_run_config(_config(**{field: value}))
 
 
 def test_sink_tiny_defaults_to_the_task():
-    config = config_lib.base_config("sink_tiny", "baseline")
+    config = run_config.base_config("sink_tiny", "baseline")
     assert config.data.source == "bigram_backcopy" and config.data.seq_len == 64
-    assert config_lib.base_config("tiny", "baseline").data.source == "cpython_docs"
+    assert run_config.base_config("tiny", "baseline").data.source == "cpython_docs"
 
 
 @pytest.mark.slow
 def test_a_short_baseline_run_learns_the_copy(tmp_path):
-    from gated_attention import train
     from gated_attention.analysis import backcopy
+    from gated_attention.training import train
 
     config = _config()
     config.data.seq_len = 32
@@ -161,7 +161,7 @@ def test_a_short_baseline_run_learns_the_copy(tmp_path):
     assert 0.0 < stats["bigram_excess_loss"] < 1.0  # trained towards the chain's entropy
     # `analyze` of the run adds the task section; its F-Attn over all queries but BOS is the
     # generic analysis' F-Attn (query 0 excluded), pooled by another code path.
-    from gated_attention import analyze
+    from gated_attention.analysis import run_analysis as analyze
 
     result = analyze.analyze(tmp_path / "run", batches=1, batch_size=8)
     assert result["task"]["f_attn_all"] == pytest.approx(result["first_token_attention"],

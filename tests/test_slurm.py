@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from tiny_runs import tiny_flags
 
-from gated_attention import cpu_compile
+from gated_attention.ops import cpu_compile
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "gpu_scripts"

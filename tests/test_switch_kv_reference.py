@@ -9,10 +9,10 @@ import numpy as np
 import numpy_reference as ref
 import pytest
 
-from gated_attention.layers.attention import Attention
-from gated_attention.layers.block import DecoderBlock
-from gated_attention.model_config import ModelConfig
-from gated_attention.variants import VARIANTS
+from gated_attention.model.layers.attention import Attention
+from gated_attention.model.layers.block import DecoderBlock
+from gated_attention.model.model_config import ModelConfig
+from gated_attention.model.variants import VARIANTS
 
 pytestmark = pytest.mark.reference("independent")
 

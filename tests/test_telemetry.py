@@ -1,4 +1,4 @@
-"""Telemetry (gated_attention/telemetry.py) against the XLA reference's attention maps and
+"""Telemetry (gated_attention/training/telemetry.py) against the XLA reference's attention maps and
 numpy, with the model on every attention implementation (the Pallas kernels interpreted on
 this CPU, cuDNN compiled for an H200), the pre-flight's compile of it for a TPU slice, and
 what a run with train.telemetry_every writes (metrics.jsonl, TensorBoard, record)."""
@@ -22,10 +22,13 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import NamedSharding, PartitionSpec
 
 from configs import sinks
-from gated_attention import capture, config_lib, memory, preflight, sharding, telemetry, train
-from gated_attention.analysis import reductions
-from gated_attention.model import Transformer
+from gated_attention.compile import memory, preflight
+from gated_attention.config import run_config
+from gated_attention.model import capture, reductions
+from gated_attention.model.transformer import Transformer
 from gated_attention.ops import reference
+from gated_attention.parallel import sharding
+from gated_attention.training import telemetry, train
 
 # Row 0: two segments and padding (segment id 0); row 1: one segment.
 SEGMENTS = np.array([[1] * 9 + [2] * 8 + [0] * 3, [3] * 20], np.int32)
@@ -77,7 +80,7 @@ def _params(variant: str) -> nnx.State:
     """The variant's initial weights (the same on every attention implementation), made once
     per variant: the model's eager initialisation cost about 5 CPU-s a call, and the file
     called it 14 times."""
-    model = Transformer(config_lib.model_config(_config(variant)), rngs=nnx.Rngs(params=0))
+    model = Transformer(run_config.model_config(_config(variant)), rngs=nnx.Rngs(params=0))
     _, params = nnx.split(model, nnx.Param)
     # Sharper attention than at init (QK-norm scales x4: logits x16), so first-token weights
     # spread far from uniform.
@@ -88,7 +91,7 @@ def _params(variant: str) -> nnx.State:
 
 def _model(variant="g1_sdpa_elementwise", impl="xla"):
     config = _config(variant, impl)
-    cfg = config_lib.model_config(config)
+    cfg = run_config.model_config(config)
     graphdef, abstract = nnx.split(
         nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0))), nnx.Param)
     params = _params(variant)
@@ -152,11 +155,11 @@ def test_telemetry_reads_the_first_micro_batch_only(fields):
 def test_telemetry_rows_that_do_not_split_the_batch_are_refused():
     config, _, _ = _model()
     config.train.update(batch_size=8, telemetry_rows=3)
-    with pytest.raises(config_lib.ConfigError, match=r"train.telemetry_rows=3 must divide "
+    with pytest.raises(run_config.ConfigError, match=r"train.telemetry_rows=3 must divide "
                        r"train.batch_size=8 and be divisible by the mesh's 2 batch shards"):
         telemetry.telemetry_rows(config, batch_shards=2)
     config.train.telemetry_rows = -1
-    with pytest.raises(config_lib.ConfigError, match=r"train.telemetry_rows=-1 must be an "
+    with pytest.raises(run_config.ConfigError, match=r"train.telemetry_rows=-1 must be an "
                        r"integer >= 0 \(0 = one micro-batch"):
         telemetry.telemetry_rows(config)
 
@@ -292,7 +295,7 @@ def test_telemetry_compiles_for_an_h200_with_cudnn(impl):
 def _preflight_config():
     """tests/test_preflight.py's tiny config (2 scanned layers, the Pallas TPU kernel),
     without remat and eval: the cheapest train step beside the telemetry."""
-    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config = run_config.base_config("tiny", "g1_sdpa_elementwise")
     config.model.num_layers = 2
     config.model.scan_layers = True
     config.model.attention_impl = "pallas_tpu"
@@ -330,7 +333,7 @@ def test_preflight_compiles_the_telemetry_beside_the_train_step(tmp_path, monkey
     # Arguments: the float32 weights (replicated over data=4) and this device's quarter of
     # the batch arrays the telemetry reads (inputs, positions, segment ids: int32 [2, 256]);
     # jit drops the two it does not read.
-    params = memory.parameter_bytes(config_lib.model_config(config), info["mesh"])
+    params = memory.parameter_bytes(run_config.model_config(config), info["mesh"])
     assert params == 4 * 2 * (128 * 128 * 4 + 128 * 384 * 3 + 2 * 128 + 2 * 32) + 4 * (
         1024 * 128 + 128)  # q,k,v(GQA 2 of 4 heads),o,gate = 4 of D x 128; 3 FFN; 4 norms
     assert math.isclose(tele["memory"]["arguments"], params + 3 * 2 * 256 * 4, rel_tol=0.01)
@@ -419,7 +422,7 @@ def test_a_run_writes_telemetry_and_its_record(tmp_path):
 
 
 def test_emergence_step_is_the_first_point_at_three_times_uniform(tmp_path):
-    from gated_attention import telemetry_report
+    from gated_attention.analysis import telemetry_report
 
     uniform = telemetry_report.uniform_first_token(64)
     # mean of 1/(i+1) for i = 1..63, by hand: (H_64 - 1) / 63

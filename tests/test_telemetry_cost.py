@@ -9,14 +9,14 @@ train step's own temporaries."""
 import pytest
 
 from experiments import telemetry_cost
-from gated_attention import config_lib
-from gated_attention.errors import UserError
+from gated_attention.config import run_config
+from gated_attention.core.errors import UserError
 
 SEQ, BLOCK, FSDP = 128, 32, 4
 
 
 def tiny_config(layers: int):
-    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config = run_config.base_config("tiny", "g1_sdpa_elementwise")
     config.model.update(num_layers=layers, scan_layers=False, d_model=64, num_heads=2,
                         num_kv_heads=2, head_dim=32, mlp_dim=128, vocab_size=256,
                         attention_impl="xla")
@@ -28,7 +28,7 @@ def tiny_config(layers: int):
 
 @pytest.fixture(scope="module")
 def mesh():
-    from gated_attention.target_compile import tpu_mesh
+    from gated_attention.compile.target import tpu_mesh
 
     return tpu_mesh("v5p:2x2x1", {"data": 1, "fsdp": FSDP})
 
@@ -61,7 +61,8 @@ def test_telemetry_of_a_grad_accum_recipe_fits_in_the_step_temporaries(mesh):
     micro-batch, so the compiler's temporaries for it stay within the train step's own (whose
     backward holds one micro-batch's activations). Read over the whole batch, as it was, they
     were 36.2 MB against the step's 22.9 MB."""
-    from gated_attention import preflight, target_compile
+    from gated_attention.compile import preflight
+    from gated_attention.compile import target as target_compile
 
     config = tiny_config(2)
     config.model.scan_layers = True

@@ -296,7 +296,7 @@ def test_every_script_answers_help(script):
 def test_create_uses_each_generations_own_runtime_image(tmp_path, tpu_type, image):
     (create, _) = dry_run(tmp_path, "create.sh", TPU_TYPE=tpu_type)
     assert f"--runtime-version={image}" in create and f"--accelerator-type={tpu_type}" in create
-    from gated_attention.tpu_topologies import parse_accelerator
+    from gated_attention.compile.tpu_topologies import parse_accelerator
 
     assert parse_accelerator(tpu_type).runtime_version == image  # the Python side agrees
     refused = run("create.sh", "--config", str(write_settings(

@@ -9,9 +9,10 @@ import jax
 import numpy as np
 import pytest
 
-from gated_attention import checkpoint, config_lib, train, workdir
+from gated_attention.config import run_config
 from gated_attention.data import corpus
-from gated_attention.metrics_writer import SpikeDetector, read_jsonl
+from gated_attention.training import checkpoint, train, workdir
+from gated_attention.training.metrics_writer import SpikeDetector, read_jsonl
 
 
 def mini_config(tmp_path, **train_overrides):
@@ -20,7 +21,7 @@ def mini_config(tmp_path, **train_overrides):
     if not corpus_file.exists():
         pages = [t for _, t in sorted(topics.items())[:60]]
         corpus_file.write_text("".join(json.dumps({"text": t}) + "\n" for t in pages))
-    config = config_lib.base_config("tiny", "g1_sdpa_elementwise")
+    config = run_config.base_config("tiny", "g1_sdpa_elementwise")
     config.model.update(dict(vocab_size=260, num_layers=1, d_model=32, num_heads=2,
                              num_kv_heads=1, head_dim=16, mlp_dim=64))
     config.data.update(dict(source="files", paths=str(corpus_file), tokenizer="byte",
@@ -145,7 +146,7 @@ def test_gradient_accumulation_matches_one_big_batch(straight):
 
     The accum=1 step is the fixture's run's step, so it comes from the compilation cache.
     """
-    from gated_attention import sharding
+    from gated_attention.parallel import sharding
 
     root, _, _ = straight
     mesh = sharding.create_mesh({"data": -1}, devices=jax.devices()[:1])
@@ -244,14 +245,14 @@ def test_micro_batched_eval_sums_to_the_whole_batch_eval():
     """grad_accum pieces in the eval step (paper-size batches): same nll sum and tokens."""
     from flax import nnx
 
-    from gated_attention.model import build_model
+    from gated_attention.model.transformer import build_model
 
-    config = config_lib.base_config("tiny", "g1_sdpa_headwise")
+    config = run_config.base_config("tiny", "g1_sdpa_headwise")
     # A small model: the sums' equality does not depend on its size (the tiny arch's own
     # 4 x 128 with 8,192 tokens cost 15 CPU-s here, mostly its init and the whole-batch eval).
     config.model.update(dict(num_layers=2, d_model=32, num_heads=2, num_kv_heads=1,
                              head_dim=16, mlp_dim=64, vocab_size=260))
-    model = build_model(config_lib.model_config(config), seed=1)
+    model = build_model(run_config.model_config(config), seed=1)
     graphdef, params = nnx.split(model)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, config.model.vocab_size, (8, 17))
@@ -272,12 +273,12 @@ def test_micro_batched_eval_of_a_scanned_model_traces():
     """Scanned layers inside the eval micro-batch scan (the paper archs' default)."""
     from flax import nnx
 
-    from gated_attention.model import build_model, per_layer
+    from gated_attention.model.transformer import build_model, per_layer
 
-    config = config_lib.base_config("tiny", "baseline")
+    config = run_config.base_config("tiny", "baseline")
     config.model.update(dict(num_layers=2, d_model=32, num_heads=2, num_kv_heads=1,
                              head_dim=16, mlp_dim=64, vocab_size=260))
-    cfg = config_lib.model_config(config)
+    cfg = run_config.model_config(config)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, config.model.vocab_size, (4, 9))
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "mask": np.ones((4, 8)),

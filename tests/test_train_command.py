@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gated_attention import train_command
+from gated_attention.cli import train_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,7 +23,7 @@ def test_train_argv_is_the_documented_command():
 
 def test_the_printer_quotes_for_a_shell():
     out = subprocess.run(
-        [sys.executable, "-m", "gated_attention.train_command", "--python=.venv/bin/python",
+        [sys.executable, "-m", "gated_attention.cli.train_command", "--python=.venv/bin/python",
          "--config=configs/ablation.py:arch=tiny,variant=baseline", "--workdir=gs://b/runs/a b",
          "--progress=false", "--", "--config.data.path=x y"], capture_output=True, text=True,
         check=True, cwd=REPO).stdout
@@ -44,7 +44,7 @@ def test_the_demo_and_the_grids_launch_the_same_command(tmp_path):
     assert grid_train[:3] == demo_train[:3] == [sys.executable, "-m", train_command.MODULE]
     # The launch scripts build it with common.sh's train_command, which asks this module.
     common = (REPO / "tpu_scripts" / "common.sh").read_text()
-    assert "from gated_attention.train_command import main" in common
+    assert "from gated_attention.cli.train_command import main" in common
     for script in ("launch.sh", "gke_launch.sh"):
         text = (REPO / "tpu_scripts" / script).read_text()
         assert '="$(train_command "' in text and "gated_attention.main --" not in text

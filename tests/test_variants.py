@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from gated_attention.config_lib import ConfigError, base_config, model_config
-from gated_attention.variants import VARIANTS, AttentionVariant, VariantError, get_variant
+from gated_attention.config.run_config import ConfigError, base_config, model_config
+from gated_attention.model.variants import VARIANTS, AttentionVariant, VariantError, get_variant
 
 PAPER = json.loads((Path(__file__).parents[1] / "experiments" / "paper_tables.json").read_text())
 

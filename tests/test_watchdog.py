@@ -12,7 +12,8 @@ from contextlib import redirect_stderr
 
 import pytest
 
-from gated_attention import config_lib, watchdog
+from gated_attention.config import run_config
+from gated_attention.training import watchdog
 
 
 def test_a_stuck_step_prints_every_stack_and_exits_75(tmp_path):
@@ -57,7 +58,7 @@ def test_rearming_keeps_it_quiet_and_one_host_has_none():
         while not exits and time.monotonic() < deadline:
             time.sleep(0.02)
     assert exits == [75]
-    train = config_lib.train_section()
+    train = run_config.train_section()
     assert not watchdog.for_run(train, process_count=1).enabled
     several = watchdog.for_run(train, process_count=2)
     assert (several.timeout, several.first_timeout) == (900.0, 3600.0)
@@ -65,9 +66,9 @@ def test_rearming_keeps_it_quiet_and_one_host_has_none():
 
 @pytest.mark.parametrize("field", ["step_timeout_s", "first_step_timeout_s"])
 def test_a_negative_timeout_is_refused_in_one_line(field):
-    config = config_lib.base_config("tiny", "baseline")
+    config = run_config.base_config("tiny", "baseline")
     config.train[field] = -1.0
-    with pytest.raises(config_lib.ConfigError,
+    with pytest.raises(run_config.ConfigError,
                        match=rf"^train.{field}=-1.0 must be >= 0 seconds \(0 turns the "
                              r"watchdog off\)$"):
-        config_lib.validate_run_config(config)
+        run_config.validate_run_config(config)

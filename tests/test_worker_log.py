@@ -62,7 +62,7 @@ def test_two_attempts_alive_at_once_each_keep_every_line(tmp_path, gcs_bucket): 
     assert second.wait(timeout=30) == 0
     objects = worker_log.attempts(dest, "worker-3.log")
     assert len(objects) == 2
-    from gated_attention import paths
+    from gated_attention.core import paths
 
     texts = [paths.read_current(o) for o in objects]
     assert [t.splitlines()[1:] for t in texts] == [["a1", "a2", "### exit 0"],

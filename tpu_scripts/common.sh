@@ -108,14 +108,14 @@ node_names() {
   fi
 }
 
-# Stop unless the pre-flight can describe TPU_TYPE (python -m gated_attention.tpu_topologies):
+# Stop unless the pre-flight can describe TPU_TYPE (python -m gated_attention.compile.tpu_topologies):
 # a slice that is created but cannot be launched on bills for nothing. --no-preflight skips.
 check_type_or_die() {
   [[ -x "$LOCAL_PYTHON" ]] || die "no Python at $LOCAL_PYTHON to check TPU_TYPE=$TPU_TYPE: run" \
     "'make install-test' in this checkout, set GATED_ATTENTION_PYTHON, or pass --no-preflight"
   local answer
   if ! answer="$(cd "$REPO_ROOT" && PYTHONPATH="$REPO_ROOT" "$LOCAL_PYTHON" -c \
-    'import sys; from gated_attention.tpu_topologies import main; sys.exit(main(sys.argv[1:]))' \
+    'import sys; from gated_attention.compile.tpu_topologies import main; sys.exit(main(sys.argv[1:]))' \
     "$TPU_TYPE" 2>&1)"; then
     die "TPU_TYPE=$TPU_TYPE in $CONFIG_FILE: the pre-flight cannot compile for it, so" \
       "launch.sh could not check a run on it (${answer#error: }). Nothing was created; pass" \
@@ -307,12 +307,12 @@ resolve_jax_version() {
 }
 
 # train_command CONFIG WORKDIR PYTHON [FLAG...]: the training command, one shell-quoted line,
-# as gated_attention/train_command.py builds it for every launcher.
+# as gated_attention/cli/train_command.py builds it for every launcher.
 train_command() {
   local config="$1" workdir="$2" python="$3"
   shift 3
   (cd "$REPO_ROOT" && PYTHONPATH="$REPO_ROOT" "$LOCAL_PYTHON" -c \
-    'import sys; from gated_attention.train_command import main; sys.exit(main(sys.argv[1:]))' \
+    'import sys; from gated_attention.cli.train_command import main; sys.exit(main(sys.argv[1:]))' \
     --python="$python" --config="$config" --workdir="$workdir" --progress=false -- "$@") ||
     die "cannot build the training command with $LOCAL_PYTHON"
 }

@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from gated_attention import config_lib  # noqa: E402
+from gated_attention.config import run_config  # noqa: E402
 from gated_attention.hf import layouts, tensor_map  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 4
@@ -26,9 +26,9 @@ GATE = 1000  # labels: head * 100 + channel for queries, GATE + that for gate ro
 
 def row_labels(variant: str, layout: str) -> np.ndarray:
     """The label of every q_proj row the exporter writes for `variant` in `layout`."""
-    config = config_lib.base_config("tiny", variant)
+    config = run_config.base_config("tiny", variant)
     config.model.update(d_model=1, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM)
-    cfg = config_lib.model_config(config)
+    cfg = run_config.model_config(config)
     head, channel = np.meshgrid(np.arange(HEADS), np.arange(HEAD_DIM), indexing="ij")
     queries = (100 * head + channel)[None].astype(np.float32)  # [D=1, H, d]
     gate = queries + GATE if variant == "g1_sdpa_elementwise" else (100 * np.arange(HEADS)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from absl import flags
 
-from gated_attention import cli_flags
+from gated_attention.cli import flags as cli_flags
 
 OUT = pathlib.Path(__file__).with_suffix(".png")
 SEQ_LEN = 64  # sink_tiny's sequence length: the uniform level depends on it
@@ -46,7 +46,7 @@ def draw(root: pathlib.Path, prefixes: Sequence[str], seeds: Sequence[int],
          out: pathlib.Path) -> None:
     from gated_attention.analysis.plots import LAYER_STYLES, layer_legend, new_figure, save
     from gated_attention.analysis.sink_report import uniform_first_token
-    from gated_attention.telemetry_report import SINK_FACTOR
+    from gated_attention.analysis.telemetry_report import SINK_FACTOR
 
     fig = new_figure((7, 4))
     ax = fig.subplots()

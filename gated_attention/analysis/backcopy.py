@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from gated_attention import capture as capture_lib
-from gated_attention.data.bigram_backcopy import BOS_ID, Chain, copy_positions
+from gated_attention.data.synthetic.bigram_backcopy import BOS_ID, Chain, copy_positions
+from gated_attention.model import capture as capture_lib
 
 TASK_CAPTURES = frozenset({"first_token_attention", "gate_scores", "resid_after_ffn"})
 SINK_THRESHOLD = 0.3
@@ -169,7 +169,7 @@ def example_sequence(chain: Chain, length: int, seed: int = 0) -> tuple[np.ndarr
 
     Draws a few candidates and keeps the one with the most copy positions.
     """
-    from gated_attention.data.bigram_backcopy import sample_sequences
+    from gated_attention.data.synthetic.bigram_backcopy import sample_sequences
 
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5EE]))
     candidates = sample_sequences(chain, 16, length, rng)

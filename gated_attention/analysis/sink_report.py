@@ -39,9 +39,9 @@ def _checkpoint_steps(run_dir: pathlib.Path) -> list[int]:
 
 def analyze(workdir: pathlib.Path) -> dict[str, dict[str, Any]]:
     """Task metrics of every checkpoint of both runs, and attention maps of the last."""
-    from gated_attention import train
     from gated_attention.analysis import backcopy, stats
-    from gated_attention.data import bigram_backcopy
+    from gated_attention.data.synthetic import bigram_backcopy
+    from gated_attention.training import train
 
     results: dict[str, dict[str, Any]] = {}
     for variant in SINK_VARIANTS:

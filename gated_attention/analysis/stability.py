@@ -23,11 +23,10 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from gated_attention import paths
-from gated_attention.metrics_writer import SpikeDetector, read_jsonl
+from gated_attention.config.train_config import EMA_DECAY, SPIKE_FACTOR
+from gated_attention.core import paths
+from gated_attention.training.metrics_writer import SpikeDetector, read_jsonl
 
-SPIKE_FACTOR = 1.5
-EMA_DECAY = 0.9
 SPIKE_WARMUP_STEPS = 100
 DIVERGENCE_FACTOR = 1.5
 LOSS_SPIKE_RULE = (f"loss > {SPIKE_FACTOR} x EMA({EMA_DECAY}) of previous losses, "

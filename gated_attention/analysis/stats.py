@@ -35,9 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from gated_attention import capture as capture_lib
-from gated_attention.analysis import reductions
-from gated_attention.losses import cross_entropy
+from gated_attention.model import capture as capture_lib
+from gated_attention.model import reductions
+from gated_attention.training.losses import cross_entropy
 
 STAT_CAPTURES = frozenset({"first_token_attention", "gate_scores", "sdpa_before_gate",
                            "sdpa_after_gate", *reductions.ACTIVATION_TENSORS})

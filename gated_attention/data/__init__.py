@@ -50,6 +50,6 @@ def build_inputs(config: Any, workdir: str | os.PathLike[str] | None = None, *,
 def check_epochs(config: Any, inputs: Inputs) -> None:
     """Refuse (ConfigError) a run that would repeat its training split more than
     data.max_epochs times; called before compiling. See epochs.py."""
-    from gated_attention.config_lib import check_epochs as check
+    from gated_attention.data import epochs
 
-    check(config, inputs.summary)
+    epochs.check(config, inputs.summary)

@@ -23,8 +23,8 @@ from typing import Any
 import grain
 import numpy as np
 
-from gated_attention import paths
-from gated_attention.config_checks import ConfigError
+from gated_attention.core import paths
+from gated_attention.core.checks import ConfigError
 from gated_attention.data import streams
 
 TOKENIZER_IN_DATA = True  # the folder holds the tokenizer it was made with
@@ -132,7 +132,7 @@ def held_out_documents(folder: str, manifest: dict[str, Any], *, process_index: 
 
 def build_inputs(config: Any, workdir: Any, *, process_index: int, process_count: int):
     from gated_attention.data.inputs import Inputs, tokenizer_summary
-    from gated_attention.distributed import per_host_batch
+    from gated_attention.parallel.distributed import per_host_batch
 
     data, train = config.data, config.train
     manifest = read_manifest(data.paths)

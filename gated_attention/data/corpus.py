@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from etils import epath
 
-from gated_attention import paths as run_paths
-from gated_attention.config_checks import ConfigError
+from gated_attention.core import paths as run_paths
+from gated_attention.core.checks import ConfigError
 
 
 class NoFilesError(ConfigError, FileNotFoundError):

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from gated_attention.errors import UserError
+from gated_attention.core.checks import ConfigError
 
 
-class EpochBudgetError(UserError):
-    """The run asks for more epochs of its training split than data.max_epochs (config_lib
+class EpochBudgetError(ConfigError):
+    """The run asks for more epochs of its training split than data.max_epochs (run_config
     turns it into a ConfigError)."""
 
 LARGER = {

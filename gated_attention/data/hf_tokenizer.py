@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from gated_attention import paths
-from gated_attention.config_checks import ConfigError
+from gated_attention.core import paths
+from gated_attention.core.checks import ConfigError
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG_JSON = "tokenizer_config.json"

@@ -14,7 +14,7 @@ import glob
 import os
 from typing import Any
 
-from gated_attention.config_checks import require
+from gated_attention.core.checks import require
 from gated_attention.data.inputs import Inputs
 
 
@@ -31,7 +31,7 @@ def check(config: Any, cfg: Any) -> None:
 
 def check_files(config: Any) -> None:
     """Every local part of data.paths matches a file (bucket paths are listed when read)."""
-    from gated_attention.paths import is_local
+    from gated_attention.core.paths import is_local
 
     data = config.data
     if data.source != "files":

@@ -20,12 +20,12 @@ from typing import Any
 import grain
 import numpy as np
 
-from gated_attention import paths
-from gated_attention.config_checks import ConfigError
+from gated_attention.core import paths
+from gated_attention.core.checks import ConfigError
 from gated_attention.data import corpus as corpus_lib
 from gated_attention.data import packing
 from gated_attention.data.tokenizer import Tokenizer, get_tokenizer
-from gated_attention.distributed import per_host_batch
+from gated_attention.parallel.distributed import per_host_batch
 
 # Chunks are cheap slices of an array in memory: grain's thread pool only adds overhead here
 # (4x slower per batch), so read them in the calling thread.

@@ -29,10 +29,10 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from gated_attention import errors, paths
+from gated_attention.core import errors, paths
+from gated_attention.core.errors import UserError
 from gated_attention.data import array_record_source as shards
 from gated_attention.data.tfds_source import ENCODE_BLOCK
-from gated_attention.errors import UserError
 
 FLAGS = flags.FLAGS
 
@@ -247,5 +247,8 @@ def _early_flag(argv: list[str], name: str) -> str:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     define_flags()
     app.run(main, flags_parser=parse_flags)

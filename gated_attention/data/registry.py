@@ -17,7 +17,7 @@ A source module holds everything about its source:
   may stay empty).
 
 Adding a source is writing that module and one line in SOURCES. The fields every source
-shares (seq_len, the tokenizer, packing, ...) are config_lib's and are checked here, by
+shares (seq_len, the tokenizer, packing, ...) are run_config's and are checked here, by
 `check_section`. Three fields are read by several sources and so stay at the data level
 (SHARED_FIELDS) rather than in one source's section: `paths` (the `files` source's paths
 and globs, the `array_record` shard folder), `text_key` (the `files` source's .jsonl field,
@@ -30,7 +30,7 @@ Flat aliases: before sections, each source's fields sat in `config.data` with a 
 in configs, grids and saved runs: `data.seqio_task` is one ml_collections FieldReference
 with `data.seqio.task`, so setting either spelling sets both, and config.json (written with
 `to_json_best_effort`) carries both. A run saved before sections has the flat names only;
-`with_sections` (config_lib.saved_config) rebuilds its sections from them, and
+`with_sections` (run_config.saved_config) rebuilds its sections from them, and
 `nested_names` lets the workdir see such a run as the same config.
 """
 
@@ -44,7 +44,7 @@ from typing import Any
 
 import ml_collections
 
-from gated_attention.config_checks import ConfigError, choice, require
+from gated_attention.core.checks import ConfigError, choice, require
 from gated_attention.data.inputs import Inputs
 from gated_attention.data.streams import PACKINGS
 
@@ -56,9 +56,9 @@ SOURCES: dict[str, str] = {
     "seqio": "gated_attention.data.seqio_source",
     "tfds": "gated_attention.data.tfds_source",
     "array_record": "gated_attention.data.array_record_source",
-    "bigram_backcopy": "gated_attention.data.bigram_backcopy",
-    "passkey": "gated_attention.data.passkey",
-    "synthetic": "gated_attention.data.synthetic",
+    "bigram_backcopy": "gated_attention.data.synthetic.bigram_backcopy",
+    "passkey": "gated_attention.data.synthetic.passkey",
+    "synthetic": "gated_attention.data.synthetic.source",
 }
 # Data-level fields read by several sources (see above), with their one default each.
 SHARED_FIELDS: dict[str, Any] = dict(
@@ -171,7 +171,7 @@ def check_section(config: Any, cfg: Any) -> None:
     elif not getattr(module, "OWN_VOCABULARY", False):
         require(cfg.vocab_size >= 64, f"model.vocab_size={cfg.vocab_size} must be >= 64 for a "
                 "SentencePiece tokenizer")
-    from gated_attention.paths import is_local
+    from gated_attention.core.paths import is_local
 
     require(is_local(data.cache_dir), f"data.cache_dir={data.cache_dir!r} must be a local "
             "folder (each host's own cache); the workdir and data.paths may be in a bucket")

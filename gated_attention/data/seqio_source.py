@@ -26,7 +26,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from gated_attention.config_checks import ConfigError, require
+from gated_attention.core.checks import ConfigError, require
 from gated_attention.data import streams
 
 C4_TASK = "c4_en_gated_attention"
@@ -202,9 +202,9 @@ def build_inputs(config: Any, workdir: Any, *, process_index: int, process_count
     """Inputs for data.source='seqio' (the C4 task unless data.seqio.task names another)."""
     import json
 
-    from gated_attention import paths
+    from gated_attention.core import paths
     from gated_attention.data.inputs import Inputs
-    from gated_attention.distributed import per_host_batch
+    from gated_attention.parallel.distributed import per_host_batch
 
     data, train = config.data, config.train
     task, tokenizer = task_and_tokenizer(config, workdir)

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from gated_attention import paths
-from gated_attention.config_checks import ConfigError, require
+from gated_attention.core import paths
+from gated_attention.core.checks import ConfigError, require
 from gated_attention.data import streams
 
 ENCODE_BLOCK = 256  # documents tokenised per call (the tokenizers batch internally)

@@ -20,8 +20,8 @@ from typing import Protocol
 
 import numpy as np
 
-from gated_attention import paths
-from gated_attention.config_checks import ConfigError, choice, require
+from gated_attention.core import paths
+from gated_attention.core.checks import ConfigError, choice, require
 from gated_attention.data.corpus import Document, cache_root, fingerprint
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3

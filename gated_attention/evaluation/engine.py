@@ -27,9 +27,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from gated_attention import sharding
-from gated_attention.layers.kv_cache import empty_caches
-from gated_attention.model import Transformer, per_layer
+from gated_attention.model.layers.kv_cache import empty_caches
+from gated_attention.model.transformer import Transformer, per_layer
+from gated_attention.parallel import sharding
 
 LOGITS_CHUNK = 128
 

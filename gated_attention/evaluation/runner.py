@@ -16,7 +16,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from gated_attention.errors import UserError
+from gated_attention.core.errors import UserError
 
 OFFLINE_VARIABLES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
 _MANAGERS: dict[tuple[str | None, bool], Any] = {}  # TaskManagers by (include path, defaults)

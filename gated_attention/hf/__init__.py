@@ -25,10 +25,10 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from gated_attention import config_lib
-from gated_attention.config_lib import ConfigError
+from gated_attention.config import run_config
+from gated_attention.config.run_config import ConfigError
 from gated_attention.hf import config_map, layouts, safetensors_io, tensor_map
-from gated_attention.model import Transformer
+from gated_attention.model.transformer import Transformer
 
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
@@ -94,8 +94,8 @@ def load_pretrained(path: str | os.PathLike[str], dtype: str = "float32"
     if dtype not in tensor_map.DTYPES:
         raise ConfigError(f"dtype={dtype!r} is not allowed; choose one of "
                           f"{', '.join(tensor_map.DTYPES)}")
-    config = config_map.run_config(hf, dtype=dtype, where=where)
-    cfg = config_lib.model_config(config)
+    config = config_map.to_run_config(hf, dtype=dtype, where=where)
+    cfg = run_config.model_config(config)
     layout, _ = config_map.detect(hf, where)
     files = safetensors_io.weight_files(folder)
     tensors = text_tensors(safetensors_io.read_tensors(folder))
@@ -151,7 +151,7 @@ def save_pretrained(model: Transformer, config: ml_collections.ConfigDict,
     """
     folder = pathlib.Path(path)
     dtype = dtype or weights_dtype(config)
-    cfg = config_lib.model_config(config)
+    cfg = run_config.model_config(config)
     target = layouts.get_layout(layout or config_map.source_layout(config))
     hf = config_map.hf_config(config, dtype=dtype, layout=target.name)
     taken = [n for n in (CONFIG_FILE, safetensors_io.SINGLE_FILE, safetensors_io.INDEX_FILE)

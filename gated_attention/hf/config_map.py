@@ -19,11 +19,11 @@ from typing import Any
 
 import ml_collections
 
-from gated_attention import config_lib
-from gated_attention.config_lib import ConfigError
+from gated_attention.config import run_config
+from gated_attention.config.run_config import ConfigError
 from gated_attention.hf import layouts, next_config
 from gated_attention.hf.rope_fields import hf_rope_scaling, rope_fields
-from gated_attention.model_config import ModelConfig
+from gated_attention.model.model_config import ModelConfig
 
 DENSE_ARCHITECTURE, MOE_ARCHITECTURE = "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"
 ARCHITECTURES = {DENSE_ARCHITECTURE: "qwen3", MOE_ARCHITECTURE: "qwen3_moe"}
@@ -156,18 +156,18 @@ def model_fields(hf: dict[str, Any], where: str = "config.json") -> dict[str, An
 def closest_arch(fields: dict[str, Any]) -> str:
     """The project arch nearest in size (a label: every model field is set explicitly)."""
     moe = fields["num_experts"] > 0
-    candidates = [a for a, f in config_lib.ARCHS.items() if (f.get("num_experts", 0) > 0) == moe]
+    candidates = [a for a, f in run_config.ARCHS.items() if (f.get("num_experts", 0) > 0) == moe]
     size = fields["d_model"] * fields["num_layers"]
     return min(candidates, key=lambda a: abs(math.log(
-        config_lib.ARCHS[a]["d_model"] * config_lib.ARCHS[a]["num_layers"] / size)))
+        run_config.ARCHS[a]["d_model"] * run_config.ARCHS[a]["num_layers"] / size)))
 
 
-def run_config(hf: dict[str, Any], *, dtype: str = "float32",
+def to_run_config(hf: dict[str, Any], *, dtype: str = "float32",
                where: str = "config.json") -> ml_collections.ConfigDict:
     """A full run config (base_config plus the imported fields) for a Hugging Face config."""
     fields = model_fields(hf, where)
     rope_scaling = fields.pop("rope_scaling")
-    config = config_lib.base_config(closest_arch(fields), variant_name(hf, where))
+    config = run_config.base_config(closest_arch(fields), variant_name(hf, where))
     config.model.update(fields)
     config.model.dtype = dtype
     if "scan_layers" in config.model:  # imports build one module per layer
@@ -182,7 +182,7 @@ def run_config(hf: dict[str, Any], *, dtype: str = "float32",
     if isinstance(max_len, int) and max_len > 1:
         config.data.seq_len = min(config.data.seq_len, max_len)
     config.hf_config = json.dumps(hf, sort_keys=True)
-    config_lib.model_config(config)  # the project's own validation, before anything is built
+    run_config.model_config(config)  # the project's own validation, before anything is built
     return config
 
 
@@ -195,7 +195,7 @@ def source_layout(config: ml_collections.ConfigDict) -> str:
 def check_exportable(cfg: ModelConfig, layout: layouts.Layout) -> None:
     """One-line refusals of what `layout` cannot express exactly, before anything is written."""
     variant = cfg.variant
-    if variant != config_lib.get_variant(variant.name):
+    if variant != run_config.get_variant(variant.name):
         raise ConfigError(f"variant={variant.name!r} is edited (its fields differ from the named "
                           "variant), which no Hugging Face layout describes")
     if variant.name not in layout.variants:
@@ -239,7 +239,7 @@ def hf_config(config: ml_collections.ConfigDict, *, dtype: str,
               layout: str | None = None) -> dict[str, Any]:
     """The Hugging Face config.json of a run config in `layout` (default: the layout it was
     imported from, else official); refuses what the layout cannot express."""
-    cfg = config_lib.model_config(config)
+    cfg = run_config.model_config(config)
     target = layouts.get_layout(layout or source_layout(config))
     check_exportable(cfg, target)
     variant = cfg.variant

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gated_attention.config_lib import ConfigError
+from gated_attention.config.run_config import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gated_attention.config_lib import ConfigError
+from gated_attention.config.run_config import ConfigError
 from gated_attention.hf.layouts import Layout
 from gated_attention.hf.rope_fields import rope_fields
-from gated_attention.model_config import ModelConfig
+from gated_attention.model.model_config import ModelConfig
 
 DEFAULT_PARTIAL_ROTARY = 0.25  # transformers' default for all three
 DEFAULT_HEAD_DIM = 256

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gated_attention.config_lib import ConfigError
+from gated_attention.config.run_config import ConfigError
 
 ROPE_TYPES = ("default", "linear", "yarn")
 YARN_KEYS = {"rope_type", "type", "factor", "original_max_position_embeddings", "beta_fast",

@@ -22,7 +22,7 @@ from typing import Any
 
 import ml_collections
 
-from gated_attention import paths
+from gated_attention.core import paths
 
 SETTINGS_FILE = "gated_attention.json"
 SENTENCEPIECE_FILE = "tokenizer.model"

@@ -13,7 +13,7 @@ import pathlib
 
 import numpy as np
 
-from gated_attention.config_lib import ConfigError
+from gated_attention.config.run_config import ConfigError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

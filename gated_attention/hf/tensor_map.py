@@ -21,10 +21,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gated_attention import model_config
-from gated_attention.config_lib import ConfigError
+from gated_attention.config.run_config import ConfigError
 from gated_attention.hf.layouts import LAYOUTS, Layout
-from gated_attention.model_config import ModelConfig
+from gated_attention.model import model_config
+from gated_attention.model.model_config import ModelConfig
 
 Tensors = dict[str, np.ndarray]
 Params = dict[str, np.ndarray]  # dotted project paths, e.g. "layers.0.attention.q_proj"

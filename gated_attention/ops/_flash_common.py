@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from gated_attention.errors import UserError
+from gated_attention.core.errors import UserError
 from gated_attention.ops.gating import GATE_ACTIVATIONS, apply_output_gate
 from gated_attention.ops.reference import NORMALIZERS, SOFTPICK_EPS
 

@@ -15,10 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gated_attention import cpu_compile
+from gated_attention.ops import cpu_compile
 
 # Interpret-mode kernels are big XLA programs, compiled to run once: cheap compiles
-# (gated_attention/cpu_compile.py) change no numerics the checks' tolerances could see.
+# (gated_attention/ops/cpu_compile.py) change no numerics the checks' tolerances could see.
 FAST_COMPILE = cpu_compile.options()
 DIFFERENTIABLE = ("q", "k", "v", "gate", "sink")  # the inputs a check takes gradients of
 

@@ -33,7 +33,8 @@ from collections.abc import Mapping, Sequence
 
 from absl import flags
 
-from gated_attention import cli_flags, paths
+from gated_attention.cli import flags as cli_flags
+from gated_attention.core import paths
 
 WORKER_ENV = ("TPU_WORKER_ID", "CLOUD_TPU_TASK_ID")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -192,4 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     sys.exit(main())
