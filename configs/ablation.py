@@ -4,11 +4,12 @@
 
 arch: tiny, small, dense_1p7b_28l, dense_1p7b_48l, moe_15a2b, tiny_moe, small_moe.
 variant: any name in gated_attention.model.variants.VARIANTS (the paper's table row names).
-Each arch trains with its own defaults (run_config.ARCH_TRAINING), the same whichever file
+Each arch trains with its own defaults (archs.ARCH_TRAINING), the same whichever file
 in configs/ builds it.
 """
 
-from gated_attention.config.run_config import base_config, parse_config_string
+from gated_attention.config.config_files import parse_config_string
+from gated_attention.config.run_config import base_config
 
 # Fields this file sets beyond its arch's defaults: none.
 OWN_FIELDS: tuple[str, ...] = ()

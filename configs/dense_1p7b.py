@@ -9,12 +9,12 @@ gated_attention.model.variants.VARIANTS. Recipe: sequences of 4096 tokens in bfl
 them a step (4M tokens), AdamW to a peak learning rate of 4e-3, 400B tokens; a gated model's
 FFN is narrowed so it has the baseline's parameter count. Weights are sharded over every
 chip (FSDP). `python -m gated_attention.inspect` with this config prints the memory per chip.
-The recipe is the arch's own default (run_config.ARCH_TRAINING); this file adds the narrowed
+The recipe is the arch's own default (archs.ARCH_TRAINING); this file adds the narrowed
 FFN of gated models, so configs/ablation.py:arch=dense_1p7b_28l is the same run with the
 gate's parameters on top.
 """
 
-from gated_attention.config.run_config import family_config
+from gated_attention.config.config_files import family_config
 
 ARCHS = ("dense_1p7b_28l", "dense_1p7b_48l")
 # Fields this file sets beyond its arch's defaults.

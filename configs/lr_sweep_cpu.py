@@ -12,7 +12,7 @@ core trains in minutes (12 layers of width 64, 300 steps of 16 x 128 tokens), wi
 peak learning rate of 3e-2 that the grid's multipliers take up to about 1.
 """
 
-from gated_attention.config.run_config import family_config
+from gated_attention.config.config_files import family_config
 
 LR_RECIPE = {
     "model.num_layers": 12, "model.d_model": 64, "model.num_heads": 4, "model.num_kv_heads": 2,

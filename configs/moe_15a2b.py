@@ -8,11 +8,12 @@ variant: any name in gated_attention.model.variants.VARIANTS. Recipe: sequences 
 bfloat16, 1024 of them a step, warm-up over 1,000 steps to a learning rate of 2e-3, cosine
 decay to 3e-5 over 100k steps; a global-batch load-balancing loss and a router z-loss.
 Weights are sharded over every chip (FSDP); set mesh.expert to split the experts instead.
-The recipe is the arch's own default (run_config.ARCH_TRAINING), so
+The recipe is the arch's own default (archs.ARCH_TRAINING), so
 configs/ablation.py:arch=moe_15a2b is the same run; `arch=tiny_moe` gives the CPU-sized one.
 """
 
-from gated_attention.config.run_config import base_config, parse_config_string
+from gated_attention.config.config_files import parse_config_string
+from gated_attention.config.run_config import base_config
 
 # Fields this file sets beyond its arch's defaults: none.
 OWN_FIELDS: tuple[str, ...] = ()

@@ -7,12 +7,9 @@ gate keeps it from forming. arch defaults to sink_tiny (any arch works: its voca
 the chain's size).
 """
 
-from gated_attention.config.run_config import (
-    SINK_RECIPE,
-    apply_overrides,
-    base_config,
-    parse_config_string,
-)
+from gated_attention.config.archs import SINK_RECIPE
+from gated_attention.config.config_files import parse_config_string
+from gated_attention.config.run_config import apply_overrides, base_config
 
 # The settings under which the sink forms (what breaks it: docs/sinks.md); for sink_tiny
 # they are the arch's own defaults, so configs/ablation.py:arch=sink_tiny is the same run.

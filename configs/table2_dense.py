@@ -12,7 +12,7 @@ arch's own default (that of configs/dense_1p7b.py); `arch=tiny` runs a row on a 
 trains in minutes.
 """
 
-from gated_attention.config.run_config import table_row_config
+from gated_attention.config.config_files import table_row_config
 
 # Fields this file sets beyond its arch's defaults.
 OWN_FIELDS = ("model.narrow_ffn_to_match_baseline",)

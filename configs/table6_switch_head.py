@@ -9,7 +9,7 @@ Every row trains its arch's defaults: the 15A2B recipe of configs/moe_15a2b.py, 
 `arch=tiny_moe` the same row on a model a CPU trains in minutes.
 """
 
-from gated_attention.config.run_config import table_row_config
+from gated_attention.config.config_files import table_row_config
 
 # Fields this file sets beyond its arch's defaults: none (it picks the row).
 OWN_FIELDS: tuple[str, ...] = ()

@@ -8,10 +8,10 @@ variant: any name in gated_attention.model.variants.VARIANTS (the paper's table 
 Any field can be changed on the command line, e.g. --config.train.steps=600.
 
 The run (300 steps of 16 x 256 tokens, an eval and a checkpoint every 100) is the arch's
-own default (run_config.ARCH_TRAINING), so configs/ablation.py:arch=tiny is the same run.
+own default (archs.ARCH_TRAINING), so configs/ablation.py:arch=tiny is the same run.
 """
 
-from gated_attention.config.run_config import family_config
+from gated_attention.config.config_files import family_config
 
 ARCHS = ("tiny", "tiny_moe")
 # Fields this file sets beyond its arch's defaults: none.

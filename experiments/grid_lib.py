@@ -28,7 +28,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gated_attention.config.run_config import ARCHS
+from gated_attention.config.archs import ARCHS
 from gated_attention.core.errors import UserError
 from gated_attention.data import registry as data_registry
 from gated_attention.model.variants import VARIANTS

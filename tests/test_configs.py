@@ -82,7 +82,7 @@ def builders():
 
 @pytest.mark.parametrize("variant", ["baseline", "g1_sdpa_elementwise"])
 def test_one_arch_name_means_one_set_of_defaults_whichever_file_builds_it(variant):
-    from gated_attention.config.run_config import ARCHS
+    from gated_attention.config.archs import ARCHS
 
     ablation = load("ablation")
     compared = set()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention.config import run_config
+from gated_attention.config import archs, run_config
 from gated_attention.model import capture
 from gated_attention.model.model_config import ModelConfig
 from gated_attention.model.transformer import (
@@ -106,7 +106,7 @@ def test_capture_on_a_scanned_model_gives_each_layers_tensors():
 
 
 def test_paper_archs_scan_by_default_and_small_ones_do_not():
-    for arch in run_config.ARCHS:
+    for arch in archs.ARCHS:
         cfg = run_config.model_config(run_config.base_config(arch, "baseline"))
         assert cfg.scan_layers == (arch in ("dense_1p7b_28l", "dense_1p7b_48l", "moe_15a2b"))
 

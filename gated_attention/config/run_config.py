@@ -17,98 +17,15 @@ from typing import Any
 import ml_collections
 
 from gated_attention.config import optimizer_config, train_config
+from gated_attention.config.archs import ARCH_RUN_DEFAULTS, ARCH_TRAINING, ARCHS, SCANNED_ARCHS
 from gated_attention.core.checks import ConfigError, choice
 from gated_attention.data import registry as data_registry
 from gated_attention.model import model_config as model_config_lib
 from gated_attention.model.accounting import count_params
 from gated_attention.model.layers.rope import RopeScaling
 from gated_attention.model.model_config import ModelConfig
-from gated_attention.model.variants import VARIANTS, AttentionVariant, VariantError, get_variant
+from gated_attention.model.variants import VARIANTS, VariantError, get_variant
 
-# Shapes from the paper (docs/method.md); `tiny` trains in seconds on a CPU.
-ARCHS: dict[str, dict[str, Any]] = {
-    "tiny": dict(vocab_size=1024, num_layers=4, d_model=128, num_heads=4, num_kv_heads=2,
-                 head_dim=32, mlp_dim=384, tied_embeddings=True, qk_norm=True),
-    "small": dict(vocab_size=32_000, num_layers=12, d_model=768, num_heads=12, num_kv_heads=6,
-                  head_dim=64, mlp_dim=2560, tied_embeddings=True, qk_norm=True),
-    "dense_1p7b_28l": dict(vocab_size=151_936, num_layers=28, d_model=2048, num_heads=16,
-                           num_kv_heads=8, head_dim=128, mlp_dim=6144, tied_embeddings=True,
-                           qk_norm=True),
-    "dense_1p7b_48l": dict(vocab_size=151_936, num_layers=48, d_model=1536, num_heads=16,
-                           num_kv_heads=8, head_dim=128, mlp_dim=4608, tied_embeddings=True,
-                           qk_norm=True),
-    "moe_15a2b": dict(vocab_size=151_936, num_layers=24, d_model=2048, num_heads=32,
-                      num_kv_heads=4, head_dim=128, mlp_dim=768, tied_embeddings=False,
-                      qk_norm=True, num_experts=128, experts_per_token=8, expert_mlp_dim=768,
-                      moe_impl="auto"),
-    "tiny_moe": dict(vocab_size=1024, num_layers=4, d_model=128, num_heads=4, num_kv_heads=2,
-                     head_dim=32, mlp_dim=128, tied_embeddings=False, qk_norm=True,
-                     num_experts=8, experts_per_token=2, expert_mlp_dim=128, moe_impl="auto"),
-    "small_moe": dict(vocab_size=32_000, num_layers=12, d_model=768, num_heads=12,
-                      num_kv_heads=6, head_dim=64, mlp_dim=512, tied_embeddings=False,
-                      qk_norm=True, num_experts=32, experts_per_token=4, expert_mlp_dim=512,
-                      moe_impl="auto"),
-    # The synthetic sink task (data.source=bigram_backcopy, docs/sinks.md): 64 chain tokens
-    # + BOS; a first-token sink forms in about 1,000 steps on a CPU.
-    "sink_tiny": dict(vocab_size=65, num_layers=2, d_model=64, num_heads=1, num_kv_heads=1,
-                      head_dim=32, mlp_dim=16, tied_embeddings=False, qk_norm=True),
-    # Marked pass keys (data.source=passkey, docs/long_context.md): bytes; whole keys are
-    # retrieved at 256 tokens after about 600 steps on a CPU.
-    "passkey_tiny": dict(vocab_size=260, num_layers=2, d_model=64, num_heads=4, num_kv_heads=4,
-                         head_dim=16, mlp_dim=128, tied_embeddings=True, qk_norm=True),
-}
-# Sequence length and dtype defaults per arch (the paper trains at 4096 in bf16).
-ARCH_RUN_DEFAULTS: dict[str, dict[str, Any]] = {
-    "tiny": dict(seq_len=256, dtype="float32"),
-    "tiny_moe": dict(seq_len=256, dtype="float32"),
-    "small": dict(seq_len=1024, dtype="bfloat16"),
-    "small_moe": dict(seq_len=1024, dtype="bfloat16"),
-    "dense_1p7b_28l": dict(seq_len=4096, dtype="bfloat16"),
-    "dense_1p7b_48l": dict(seq_len=4096, dtype="bfloat16"),
-    "moe_15a2b": dict(seq_len=4096, dtype="bfloat16"),
-    "sink_tiny": dict(seq_len=64, dtype="float32", source="bigram_backcopy"),
-    "passkey_tiny": dict(seq_len=256, dtype="float32", source="passkey", tokenizer="byte"),
-}
-# How each arch trains unless told otherwise ("section.field": value, applied by
-# base_config), so an arch name means one run whichever config file builds it
-# (configs/tiny.py, configs/ablation.py, a table's file). Fields not named keep the section
-# defaults (train_section, optimizer_section).
-_CPU_MINUTES = {  # a run on a CPU in minutes, with a checkpoint and an eval every 100 steps
-    "train.steps": 300, "train.batch_size": 16, "train.eval_every": 100,
-    "train.checkpoint_every": 100, "optimizer.warmup_steps": 30,
-}
-# The paper recipes' chunked loss: vocabulary tiles of 8192 entries, whose live tile does not
-# grow with the rows per chip. Token tiles (train.loss_tiles=tokens) save the recomputed
-# logits matmul (-5.2% FLOPs at the 1.7B on v5p-8, benchmarks/RESULTS.md) but hold
-# 4 x rows x chunk x vocab bytes at once: +2.4 GB per chip at 4 rows and 2048 positions,
-# more than the 0.7 GiB the MoE's smallest v6e slice has left.
-PAPER_LOSS_TILES, PAPER_LOSS_CHUNK = "vocab", 8192
-_PAPER_SCALE = {  # FSDP over every chip, 1024 sequences a step, warm-up over 1,000 steps
-    "model.remat": "dots_with_no_batch_dims_saveable", "train.batch_size": 1024,
-    "train.eval_every": 1_000, "train.checkpoint_every": 1_000,
-    "optimizer.warmup_steps": 1_000, "mesh.data": 1, "mesh.fsdp": -1,
-    "train.loss_chunk_size": PAPER_LOSS_CHUNK, "train.loss_tiles": PAPER_LOSS_TILES,
-}
-# Table 2: 400B tokens at 4M tokens a step, peak learning rate 4e-3.
-_DENSE_1P7B_RECIPE = {**_PAPER_SCALE, "train.steps": 95_000, "optimizer.peak_lr": 4e-3}
-# Tables 1, 3, 4, 6: 100k steps, cosine from 2e-3 to 3e-5.
-_MOE_15A2B_RECIPE = {**_PAPER_SCALE, "train.steps": 100_000, "optimizer.peak_lr": 2e-3,
-                     "optimizer.final_lr": 3e-5}
-# The synthetic sink task's recipe (docs/sinks.md): a first-token sink forms under it.
-SINK_RECIPE = {
-    "data.source": "bigram_backcopy", "data.seq_len": 64,
-    "train.steps": 1000, "train.batch_size": 64, "train.eval_every": 500,
-    "train.eval_batches": 2, "train.log_every": 50, "train.checkpoint_every": 1000,
-    "optimizer.peak_lr": 1e-2, "optimizer.warmup_steps": 100, "optimizer.final_lr": 1e-4,
-}
-ARCH_TRAINING: dict[str, dict[str, Any]] = {
-    "tiny": _CPU_MINUTES, "tiny_moe": _CPU_MINUTES,
-    "dense_1p7b_28l": _DENSE_1P7B_RECIPE, "dense_1p7b_48l": _DENSE_1P7B_RECIPE,
-    "moe_15a2b": _MOE_15A2B_RECIPE, "sink_tiny": SINK_RECIPE,
-}
-# Archs whose decoder blocks are scanned by default (model.scan_layers): deep enough that
-# compiling layer by layer takes minutes.
-SCANNED_ARCHS = ("dense_1p7b_28l", "dense_1p7b_48l", "moe_15a2b")
 _MODEL_FIELDS = model_config_lib.MODEL_FIELDS
 
 
@@ -142,10 +59,6 @@ def attention_section(variant: str) -> ml_collections.ConfigDict:
         raise ConfigError(str(err)) from None
 
 
-DATA_SOURCES = tuple(data_registry.SOURCES)  # the sources shipped (data/registry.py)
-TOKENIZERS = data_registry.TOKENIZERS
-SENTENCEPIECE_MODELS = data_registry.SENTENCEPIECE_MODELS
-ON_NONFINITE = train_config.ON_NONFINITE
 
 
 def data_section(arch: str) -> ml_collections.ConfigDict:
@@ -153,7 +66,7 @@ def data_section(arch: str) -> ml_collections.ConfigDict:
     (config.data.seqio, config.data.tfds, ...; data/registry.py)."""
     return data_registry.with_sections(dict(
         source=ARCH_RUN_DEFAULTS[arch].get("source", "cpython_docs"),  # a data/registry.py name
-        # one of TOKENIZERS; "byte" needs model.vocab_size >= 259; "hf" reads
+        # one of data/registry.py's TOKENIZERS; "byte" needs model.vocab_size >= 259; "hf" reads
         # data.tokenizer_path (a tokenizer.json)
         tokenizer=ARCH_RUN_DEFAULTS[arch].get("tokenizer", "sentencepiece"),
         seq_len=ARCH_RUN_DEFAULTS[arch]["seq_len"],
@@ -166,7 +79,7 @@ def data_section(arch: str) -> ml_collections.ConfigDict:
         shuffle_seed=0,
         tokenizer_path="",          # a SentencePiece .model to use instead of training one,
                                     # or (tokenizer=hf) a Hugging Face tokenizer.json
-        sp_model_type="bpe",        # SentencePiece training (one of SENTENCEPIECE_MODELS);
+        sp_model_type="bpe",        # SentencePiece training (data/registry.py);
                                     # bpe trains in ~2 s on the docs corpus, unigram in ~20 s
         sp_input_sentence_size=100_000,  # sentences sampled to train SentencePiece
         cache_dir="",               # "" = $GATED_ATTENTION_CACHE or ~/.cache/gated_attention
@@ -276,11 +189,6 @@ def saved_config(saved: dict[str, Any]) -> ml_collections.ConfigDict:
     return config
 
 
-def variant_from_config(config: ml_collections.ConfigDict) -> AttentionVariant:
-    """`config.attention` as a validated AttentionVariant (model_config checks it)."""
-    return model_config_lib.variant_from_section(config.attention)
-
-
 def variant_label(config: ml_collections.ConfigDict) -> str:
     """The variant's name as `config.attention` says (model_config.variant_label)."""
     return model_config_lib.variant_label(config.attention)
@@ -326,56 +234,12 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     return cfg
 
 
-def rope_scaling_from_config(section: ml_collections.ConfigDict | None) -> RopeScaling:
-    """`config.model.rope_scaling` as a validated RopeScaling (model_config checks it)."""
-    return model_config_lib.rope_scaling_from_section(section)
-
-
 def narrow_ffn_to_match_baseline(cfg: ModelConfig) -> ModelConfig:
     """Shrink mlp_dim so the gated model has (about) the baseline's parameters, as in Table 2."""
     baseline = cfg.replace(variant=VARIANTS["baseline"])
     extra = count_params(cfg) - count_params(baseline)
     per_unit = 3 * cfg.d_model * cfg.num_layers  # one FFN column in every layer
     return cfg.replace(mlp_dim=cfg.mlp_dim - round(extra / per_unit))
-
-
-def parse_config_string(arg: str | None) -> dict[str, str]:
-    """`arch=tiny,variant=g1_sdpa_headwise` -> {"arch": "tiny", "variant": ...}."""
-    out: dict[str, str] = {}
-    for part in filter(None, (arg or "").split(",")):
-        if "=" not in part:
-            raise ConfigError(f"config string part {part!r} must look like key=value "
-                              "(keys: arch, variant)")
-        key, value = part.split("=", 1)
-        out[key.strip()] = value.strip()
-    unknown = set(out) - {"arch", "variant"}
-    if unknown:
-        raise ConfigError(f"config string key {sorted(unknown)[0]!r} unknown; keys: arch, variant")
-    return out
-
-
-
-def family_config(arg: str | None, archs: tuple[str, ...]) -> ml_collections.ConfigDict:
-    """The base config of an arch family's file (configs/tiny.py, configs/dense_1p7b.py):
-    `arch=` in the config string must be one of `archs` (default: the first); `variant=`
-    defaults to the baseline."""
-    options = parse_config_string(arg)
-    arch = options.get("arch", archs[0])
-    if arch not in archs:
-        raise ConfigError(f"arch={arch!r} is not allowed here; choose one of {', '.join(archs)}")
-    return base_config(arch, options.get("variant", "baseline"))
-
-
-def table_row_config(arg: str | None, rows: tuple[str, ...],
-                     default_arch: str) -> ml_collections.ConfigDict:
-    """The base config of one row of a paper table (configs/table*.py): `variant=` in the
-    config string must be one of the table's `rows`; `arch=` defaults to the table's."""
-    options = parse_config_string(arg)
-    variant = options.get("variant", rows[0])
-    if variant not in rows:
-        raise ConfigError(f"variant={variant!r} is not a row of this table; choose one of "
-                          f"{', '.join(rows)}")
-    return base_config(options.get("arch", default_arch), variant)
 
 
 def validate_run_config(config: ml_collections.ConfigDict) -> ModelConfig:

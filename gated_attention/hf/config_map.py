@@ -19,7 +19,7 @@ from typing import Any
 
 import ml_collections
 
-from gated_attention.config import run_config
+from gated_attention.config import archs, run_config
 from gated_attention.config.run_config import ConfigError
 from gated_attention.hf import layouts, next_config
 from gated_attention.hf.rope_fields import hf_rope_scaling, rope_fields
@@ -156,10 +156,10 @@ def model_fields(hf: dict[str, Any], where: str = "config.json") -> dict[str, An
 def closest_arch(fields: dict[str, Any]) -> str:
     """The project arch nearest in size (a label: every model field is set explicitly)."""
     moe = fields["num_experts"] > 0
-    candidates = [a for a, f in run_config.ARCHS.items() if (f.get("num_experts", 0) > 0) == moe]
+    candidates = [a for a, f in archs.ARCHS.items() if (f.get("num_experts", 0) > 0) == moe]
     size = fields["d_model"] * fields["num_layers"]
     return min(candidates, key=lambda a: abs(math.log(
-        run_config.ARCHS[a]["d_model"] * run_config.ARCHS[a]["num_layers"] / size)))
+        archs.ARCHS[a]["d_model"] * archs.ARCHS[a]["num_layers"] / size)))
 
 
 def to_run_config(hf: dict[str, Any], *, dtype: str = "float32",
