@@ -5,7 +5,7 @@ that verifies a checkpoint, in one run.
     python benchmarks/fault_overhead.py --arch=small --seq_len=1024 --batch=8   # a GPU
 
 Prints the median step time with the guard (isfinite over the loss and every gradient,
-the optimizer update under lax.cond) and without it (train.make_train_step's
+the optimizer update under lax.cond) and without it (step.make_train_step's
 guard_nonfinite=False), interleaved so that both see the same machine load; then the time
 of checkpoint.fingerprint over the whole train state (params and optimizer moments) and
 its throughput. Batches are random tokens: speed does not depend on the data.
@@ -23,7 +23,8 @@ from absl import flags
 from gated_attention.cli import flags as cli_flags
 from gated_attention.config import run_config
 from gated_attention.parallel import sharding
-from gated_attention.training import checkpoint, train
+from gated_attention.training import checkpoint
+from gated_attention.training import step as step_lib
 
 
 def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
@@ -45,9 +46,9 @@ def main() -> None:
     config.data.seq_len, config.train.batch_size = args.seq_len, args.batch
     cfg = run_config.model_config(config)
     mesh = sharding.create_mesh(config.mesh, jax.devices()[:1])
-    graphdef, state, shardings = train.create_train_state(config, mesh)
-    steps = {name: train.jit_train_step(
-        train.make_train_step(graphdef, config, guard_nonfinite=guarded), mesh, shardings)
+    graphdef, state, shardings = step_lib.create_train_state(config, mesh)
+    steps = {name: step_lib.jit_train_step(
+        step_lib.make_train_step(graphdef, config, guard_nonfinite=guarded), mesh, shardings)
         for name, guarded in (("guarded", True), ("unguarded", False))}
     rng = np.random.default_rng(0)
     shape = (args.batch, args.seq_len)
@@ -73,7 +74,7 @@ def main() -> None:
     # The compiler's own count, which machine load does not blur.
     costs = {}
     for name, guarded_step in (("guarded", True), ("unguarded", False)):
-        step_fn = train.make_train_step(graphdef, config, guard_nonfinite=guarded_step)
+        step_fn = step_lib.make_train_step(graphdef, config, guard_nonfinite=guarded_step)
         with jax.set_mesh(mesh), sharding.logical_rules(sharding.rules_from_config(config.mesh)):
             compiled = jax.jit(step_fn, donate_argnums=(0,)).lower(state, batch).compile()
         analysis = compiled.cost_analysis()

@@ -70,7 +70,7 @@ def measured_on_this_gpu(config_spec: str, flags: list[str]) -> tuple[int, int]:
     from gated_attention.compile import target as target_compile
     from gated_attention.config import run_config
     from gated_attention.parallel import distributed, sharding
-    from gated_attention.training import train
+    from gated_attention.training import step as step_lib
 
     parsed = absl_flags.FlagValues()  # main's loader and overrides, on flags of our own
     config_flags.DEFINE_config_file("config", None, "", flag_values=parsed)
@@ -79,8 +79,8 @@ def measured_on_this_gpu(config_spec: str, flags: list[str]) -> tuple[int, int]:
     config.mesh.data = 1
     mesh = sharding.create_mesh(config.mesh, jax.devices()[:1])
     compiled = target_compile.compile_step(config, mesh, "train", platform="gpu")
-    graphdef, state, shardings = train.create_train_state(config, mesh)
-    step = train.jit_train_step(train.make_train_step(graphdef, config), mesh, shardings)
+    graphdef, state, shardings = step_lib.create_train_state(config, mesh)
+    step = step_lib.jit_train_step(step_lib.make_train_step(graphdef, config), mesh, shardings)
     cfg = run_config.model_config(config)
     shape = (config.train.batch_size, config.data.seq_len)
     rng = np.random.default_rng(0)

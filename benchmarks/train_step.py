@@ -26,7 +26,7 @@ from gated_attention import inspect
 from gated_attention.cli import flags as cli_flags
 from gated_attention.config import run_config
 from gated_attention.parallel import distributed, sharding
-from gated_attention.training import train
+from gated_attention.training import step as step_lib
 
 # Dense bf16 peak per chip, TFLOP/s (vendor figures, without sparsity).
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "TPU v4": 275.0,
@@ -53,8 +53,8 @@ def benchmark(arch: str, variant: str, args: types.SimpleNamespace) -> dict[str,
     config.model.attention_impl = args.attention_impl
     cfg = run_config.model_config(config)
     mesh = sharding.create_mesh(config.mesh)
-    graphdef, state, shardings = train.create_train_state(config, mesh)
-    step = train.jit_train_step(train.make_train_step(graphdef, config), mesh, shardings)
+    graphdef, state, shardings = step_lib.create_train_state(config, mesh)
+    step = step_lib.jit_train_step(step_lib.make_train_step(graphdef, config), mesh, shardings)
     rng = np.random.default_rng(0)
     shape = (args.batch, args.seq_len)
     batch = {"inputs": rng.integers(3, cfg.vocab_size, shape, dtype=np.int32),

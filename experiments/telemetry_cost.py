@@ -100,18 +100,18 @@ def compile_telemetry(config: Any, mesh: Any, block: int = 0) -> dict[str, Any]:
     the first-token pass as one block."""
     from gated_attention.compile.target import abstract_batch, compiling_for
     from gated_attention.parallel import sharding
-    from gated_attention.training import telemetry, train
+    from gated_attention.training import step as step_lib
+    from gated_attention.training import telemetry
 
     rules = sharding.rules_from_config(config.get("mesh"))
     start = time.perf_counter()
     with compiling_for("tpu", device_kind=mesh.devices.flat[0].device_kind), \
             first_token_block(block or config.data.seq_len):
-        spec = train.train_state_spec(config, mesh)
+        spec = step_lib.train_state_spec(config, mesh)
         batch = abstract_batch(config, mesh, rules)
-        fn = jax.jit(telemetry.make_telemetry_fn(spec.graphdef, config),
-                     in_shardings=(spec.shardings["params"], sharding.batch_sharding(mesh, rules)))
-        with jax.set_mesh(mesh), sharding.logical_rules(rules):
-            compiled = fn.lower(spec.abstract["params"], batch).compile()
+        fn = step_lib.jit_on_params_and_batch(telemetry.make_telemetry_fn(spec.graphdef, config),
+                                              mesh, spec.shardings["params"], rules)
+        compiled = fn.lower(spec.abstract["params"], batch).compile()
     return {**_cost(compiled), "compile_s": round(time.perf_counter() - start, 1),
             "loops_counted_once": [n for n in compiled_step.loops(compiled.as_text()) if n != 1]}
 
@@ -177,11 +177,12 @@ def cpu_cost(config: Any, steps: int) -> dict[str, Any]:
 
     from gated_attention import data
     from gated_attention.parallel import sharding
-    from gated_attention.training import telemetry, train
+    from gated_attention.training import step as step_lib
+    from gated_attention.training import telemetry
 
     mesh = sharding.create_mesh(config.mesh, jax.devices()[:1])
-    graphdef, state, shardings = train.create_train_state(config, mesh)
-    step = train.jit_train_step(train.make_train_step(graphdef, config), mesh, shardings)
+    graphdef, state, shardings = step_lib.create_train_state(config, mesh)
+    step = step_lib.jit_train_step(step_lib.make_train_step(graphdef, config), mesh, shardings)
     tele = jax.jit(telemetry.make_telemetry_fn(graphdef, config))
     inputs = data.build_inputs(config, None)
     batch = {k: jax.numpy.asarray(v) for k, v in next(inputs.train).items()}

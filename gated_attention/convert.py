@@ -37,7 +37,7 @@ from gated_attention.model.transformer import per_layer
 
 
 def train_state(model: nnx.Module, config: Any) -> dict[str, Any]:
-    """The train state of train.py for `model`'s weights: a fresh optimizer state, step 0."""
+    """The train state of step.py for `model`'s weights: a fresh optimizer state, step 0."""
     from gated_attention.training import optim
 
     _, params, _ = nnx.split(model, nnx.Param, ...)
@@ -90,7 +90,7 @@ def to_hf(workdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
     files written."""
     from gated_attention import hf
     from gated_attention.hf import layouts, run_files
-    from gated_attention.training import train
+    from gated_attention.training import loop
 
     root, out = paths.resolve(workdir), pathlib.Path(out)
     if layout is not None:
@@ -99,7 +99,7 @@ def to_hf(workdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
     if taken:
         raise ConfigError(f"{out / taken[0]} exists; choose an empty --out folder (nothing is "
                           "overwritten)")
-    model, config = train.load_params(root, step=step)
+    model, config = loop.load_params(root, step=step)
     if config.model.get("scan_layers"):  # the Hugging Face layout names every layer
         model = per_layer(model)
         config = config.copy_and_resolve_references()

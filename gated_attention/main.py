@@ -59,7 +59,7 @@ def main(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> None:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from gated_attention.config import run_config
     from gated_attention.parallel import distributed
-    from gated_attention.training import checkpoint, interrupts, train
+    from gated_attention.training import checkpoint, interrupts, loop
 
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
     config = _load_config(FLAGS)
@@ -85,13 +85,13 @@ def main(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> None:
         _fail(err)
     distributed.initialize({"auto": None, "yes": True, "no": False}[FLAGS.multihost])
     try:
-        summary = train.run(config, FLAGS.workdir, overwrite=FLAGS.overwrite,
+        summary = loop.run(config, FLAGS.workdir, overwrite=FLAGS.overwrite,
                             progress=FLAGS.progress)
     except errors.UserError as err:  # ConfigError, WorkdirError, WorkdirBusyError
         _fail(err)
     except checkpoint.CheckpointError as err:  # a damaged or missing checkpoint of the workdir
         errors.fail(err)
-    except train.NonFiniteError as err:
+    except loop.NonFiniteError as err:
         sys.exit(f"Diverged: {err}")
     except interrupts.Interrupted as err:
         print(f"Stopped: {err}", file=sys.stderr)

@@ -29,10 +29,8 @@ import jax  # noqa: E402
 import ml_collections  # noqa: E402
 
 from gated_attention.parallel import distributed
-from gated_attention.training import (
-    checkpoint,  # noqa: E402
-    train,
-)
+from gated_attention.training import checkpoint, loop  # noqa: E402
+from gated_attention.training import step as step_lib  # noqa: E402
 
 
 def die() -> None:
@@ -52,7 +50,7 @@ def main(config_json: str, workdir: str, moment: str) -> None:
 
         checkpoint.Checkpointer.save = save_then_die
     elif kind == "final_eval":
-        evaluate = train.evaluate
+        evaluate = step_lib.evaluate
 
         def evaluate_then_die(eval_fn, params, batches):
             calls.append(1)
@@ -62,7 +60,7 @@ def main(config_json: str, workdir: str, moment: str) -> None:
             return evaluate(eval_fn, params, batches)
 
         calls: list[int] = []
-        train.evaluate = evaluate_then_die
+        step_lib.evaluate = evaluate_then_die
     elif kind == "random":
         global_batch = distributed.global_batch
 
@@ -75,8 +73,8 @@ def main(config_json: str, workdir: str, moment: str) -> None:
             return global_batch(*args, **kwargs)
 
         timers: list[threading.Timer] = []
-        train.distributed.global_batch = start_timer_then_batch
-        evaluate = train.evaluate
+        distributed.global_batch = start_timer_then_batch
+        evaluate = step_lib.evaluate
 
         def final_eval_waits_for_the_kill(eval_fn, params, batches):
             calls.append(1)
@@ -86,10 +84,10 @@ def main(config_json: str, workdir: str, moment: str) -> None:
             return evaluate(eval_fn, params, batches)
 
         calls = []
-        train.evaluate = final_eval_waits_for_the_kill
+        step_lib.evaluate = final_eval_waits_for_the_kill
     else:
         raise SystemExit(f"unknown moment {moment!r}")
-    train.run(config, workdir, progress=False, devices=jax.devices()[:1])
+    loop.run(config, workdir, progress=False, devices=jax.devices()[:1])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Sharded training of a tiny model with train.py's step, runnable as one of several processes.
+"""Sharded training of a tiny model with step.py's step, runnable as one of several processes.
 
     python tests/multiprocess_worker.py --process_id=0 --num_processes=2 --port=12345 \
         --local_devices=4 --mesh=fsdp=2,tensor=2,dcn_data=2 --steps=3
@@ -9,7 +9,7 @@ The tests import the same helpers to train in-process on one or many devices.
 
     python tests/multiprocess_worker.py ... --config_json=run.json --workdir=DIR
 
-then also runs the whole `train.run` (its data pipeline, metrics and checkpoints) in DIR, on
+then also runs the whole `loop.run` (its data pipeline, metrics and checkpoints) in DIR, on
 the config's own mesh (one process start serves both checks).
 """
 
@@ -38,9 +38,9 @@ def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
     flags.DEFINE_string("mesh", "data=-1", "Mesh axes, e.g. fsdp=2,tensor=2,dcn_data=2.",
                         flag_values=flag_values)
     flags.DEFINE_integer("steps", 3, "Train steps.", flag_values=flag_values)
-    flags.DEFINE_string("config_json", "", "A config saved as JSON (train.run).",
+    flags.DEFINE_string("config_json", "", "A config saved as JSON (loop.run).",
                         flag_values=flag_values)
-    flags.DEFINE_string("workdir", "", "train.run's workdir.", flag_values=flag_values)
+    flags.DEFINE_string("workdir", "", "loop.run's workdir.", flag_values=flag_values)
     return flag_values
 
 
@@ -62,7 +62,8 @@ import numpy as np  # noqa: E402
 from gated_attention.config import run_config  # noqa: E402
 from gated_attention.ops import cpu_compile  # noqa: E402
 from gated_attention.parallel import distributed, sharding  # noqa: E402
-from gated_attention.training import checkpoint, train  # noqa: E402
+from gated_attention.training import checkpoint, loop  # noqa: E402
+from gated_attention.training import step as step_lib  # noqa: E402
 
 GLOBAL_BATCH, SEQ_LEN, VOCAB = 8, 16, 256
 # Tests compile many small programs on a shared CPU (gated_attention/ops/cpu_compile.py).
@@ -96,7 +97,7 @@ def synthetic_batch(step: int, rows: slice = slice(None)) -> dict[str, np.ndarra
     return {k: np.ascontiguousarray(v[rows]) for k, v in batch.items()}
 
 
-def host_init(spec: train.TrainStateSpec):
+def host_init(spec: step_lib.TrainStateSpec):
     """The sharded train state built from numpy on each host (no compile, same on every mesh).
 
     Norm scales are 1, other parameters normal(0, 0.02) seeded by their path, optimizer
@@ -121,8 +122,8 @@ def host_init(spec: train.TrainStateSpec):
 _STEPS: dict[tuple, Callable] = {}
 
 
-def jit_step(config, spec: train.TrainStateSpec, mesh) -> Callable:
-    """train.make_train_step jitted as train.jit_train_step does (shardings, donation).
+def jit_step(config, spec: step_lib.TrainStateSpec, mesh) -> Callable:
+    """step.make_train_step jitted as step.jit_train_step does (shardings, donation).
 
     Cached per mesh, so a test that trains on the same mesh twice compiles once.
     """
@@ -131,7 +132,7 @@ def jit_step(config, spec: train.TrainStateSpec, mesh) -> Callable:
     if key in _STEPS:
         return _STEPS[key]
     rules = sharding.rules_from_config(config.mesh)
-    jitted = jax.jit(train.make_train_step(spec.graphdef, config),
+    jitted = jax.jit(step_lib.make_train_step(spec.graphdef, config),
                      in_shardings=(spec.shardings, sharding.batch_sharding(mesh, rules)),
                      out_shardings=(spec.shardings, None), donate_argnums=(0,),
                      compiler_options=FAST_COMPILE)
@@ -150,7 +151,7 @@ def train_steps(config, steps: int, *, state=None, first_step: int = 0, devices=
     Also records in `train_steps.rows` the global batch rows this process loaded.
     """
     mesh = sharding.create_mesh(config.mesh, devices)
-    spec = train.train_state_spec(config, mesh)
+    spec = step_lib.train_state_spec(config, mesh)
     if state is None:
         state = host_init(spec)
     step_fn = jit_step(config, spec, mesh)
@@ -180,7 +181,7 @@ def main(args: types.SimpleNamespace) -> None:
               "rows": train_steps.rows, "shard": train_steps.shard, "losses": losses}
     if args.workdir:
         config = ml_collections.ConfigDict(json.loads(Path(args.config_json).read_text()))
-        result["summary"] = train.run(config, args.workdir, progress=False)
+        result["summary"] = loop.run(config, args.workdir, progress=False)
     print(json.dumps(result), flush=True)
     if args.num_processes > 1:
         jax.distributed.shutdown()

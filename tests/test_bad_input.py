@@ -16,7 +16,8 @@ from absl import flags
 
 from gated_attention import main
 from gated_attention.config import run_config
-from gated_attention.training import train, workdir
+from gated_attention.training import step as step_lib
+from gated_attention.training import workdir
 
 CONFIG = "--config=configs/ablation.py:arch=tiny,variant=g1_sdpa_elementwise"
 
@@ -40,8 +41,8 @@ def command(tmp_path, monkeypatch, args, run_dir):
     def no_compile(*_, **__):
         raise AssertionError("reached the compile of the train step")
 
-    monkeypatch.setattr(train, "jit_train_step", no_compile)
-    monkeypatch.setattr(train, "train_state_spec", no_compile)
+    monkeypatch.setattr(step_lib, "jit_train_step", no_compile)
+    monkeypatch.setattr(step_lib, "train_state_spec", no_compile)
     config = [a for a in args if a.startswith("--config=")] or [CONFIG]
     argv = ["main", *config, f"--workdir={run_dir}", *small_run(tmp_path),
             *(a for a in args if not a.startswith("--config="))]

@@ -17,7 +17,8 @@ from flax import nnx
 
 from gated_attention.config import run_config
 from gated_attention.model.transformer import Transformer
-from gated_attention.training import losses, train
+from gated_attention.training import losses
+from gated_attention.training import step as step_lib
 
 
 def numpy_loss_and_grads(x, table, targets, mask, z_loss):
@@ -164,7 +165,7 @@ def _train_loss_and_gradients(tiles: str, chunk_size: int):
     with config.unlocked():
         config.train.update(loss_chunk_size=chunk_size, loss_tiles=tiles)
     run_config.validate_run_config(config)
-    loss_fn = train._loss_fn(graphdef, config)
+    loss_fn = step_lib.make_loss_fn(graphdef, config)
     (loss, info), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params, batch)
     eval_loss, eval_info = jax.jit(loss_fn)(params, batch)  # the primal path
     np.testing.assert_allclose(eval_loss, loss, rtol=1e-6)
@@ -180,7 +181,7 @@ _plain_train_loss_and_gradients = functools.cache(
 
 @pytest.mark.parametrize("tiles, chunk", [("vocab", 128), ("tokens", 12), ("tokens", 32)])
 def test_train_loss_and_gradients_match_the_plain_loss(tiles, chunk):
-    """Through the model (tied embedding): the loss train.py takes, either path (sequence 32:
+    """Through the model (tied embedding): the loss step.py takes, either path (sequence 32:
     token tiles of 12 positions leave a clamped last tile)."""
     plain, plain_info, plain_grads = _plain_train_loss_and_gradients()
     chunked, chunked_info, chunked_grads = _train_loss_and_gradients(tiles, chunk)
@@ -205,7 +206,7 @@ def test_a_config_saved_without_loss_tiles_tiles_the_vocabulary(monkeypatch):
     tokens = jnp.zeros((1, 8), jnp.int32)
     # Traced, as the jitted train step traces it: the loss is picked while tracing (run op by
     # op, the model's forward took 5.5 of this file's 52 CPU-s).
-    jax.eval_shape(train._loss_fn(graphdef, config), params,
+    jax.eval_shape(step_lib.make_loss_fn(graphdef, config), params,
                    {"inputs": tokens, "targets": tokens, "mask": tokens == 0})
     assert len(called) == 1 and called[0][5] == 128  # (x, table, targets, mask, z, chunk, ..)
 
@@ -299,7 +300,7 @@ def test_train_logits_dtype_compute_writes_the_logits_in_bfloat16(tiles, chunk):
         bf16_graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(
             run_config.model_config(config), rngs=nnx.Rngs(params=0))))[0]
         tokens = jnp.zeros((2, 32), jnp.int32)
-        text = jax.jit(jax.grad(lambda p: train._loss_fn(bf16_graphdef, config)(p, {
+        text = jax.jit(jax.grad(lambda p: step_lib.make_loss_fn(bf16_graphdef, config)(p, {
             "inputs": tokens, "targets": tokens, "mask": tokens == 0})[0])).lower(
             params).as_text()
         shape = {"plain": "2x32x300", "tokens": f"2x{chunk}x300", "vocab": f"2x32x{chunk}"}[

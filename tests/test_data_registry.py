@@ -21,7 +21,7 @@ from gated_attention.config import run_config
 from gated_attention.core.checks import ConfigError, require
 from gated_attention.data import registry
 from gated_attention.data.inputs import Inputs
-from gated_attention.training import train
+from gated_attention.training import loop
 
 # --------------------------------------------------------- the toy source (the whole module)
 SECTION = "toy"  # config.data.toy
@@ -128,7 +128,7 @@ def test_a_section_name_is_claimed_once(monkeypatch, section):
 @pytest.mark.slow
 @pytest.mark.reference("smoke")
 def test_a_registered_source_trains_through_the_normal_path(toy_source, tmp_path):
-    summary = train.run(toy_config(), tmp_path / "run", progress=False,
+    summary = loop.run(toy_config(), tmp_path / "run", progress=False,
                         devices=jax.devices()[:1])
     assert summary["train"]["step"] == 3
     assert np.isfinite(summary["train"]["loss"])
@@ -198,7 +198,7 @@ def test_a_model_trained_on_synthetic_data_starts_at_the_uniform_loss(tmp_path):
     """Targets uniform over 61 ids: a freshly initialised model's loss is about ln 64 (its
     logits near zero over the 64-id vocabulary), and no data file is written but the
     summary."""
-    summary = train.run(synthetic_config(steps=2), tmp_path / "run", progress=False,
+    summary = loop.run(synthetic_config(steps=2), tmp_path / "run", progress=False,
                         devices=jax.devices()[:1])
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     first = next(r for r in records if r.get("step") == 1 and "loss" in r)

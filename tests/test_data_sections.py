@@ -17,7 +17,7 @@ from gated_attention import main
 from gated_attention.config import run_config
 from gated_attention.core.checks import ConfigError
 from gated_attention.data import registry
-from gated_attention.training import train, workdir
+from gated_attention.training import loop, workdir
 
 ROOT = Path(__file__).parents[1]
 ALIASES = sorted(registry.nested_names().items())  # ("data.seqio_task", "data.seqio.task"), ...
@@ -124,13 +124,13 @@ def test_a_trained_run_saved_before_sections_extends_and_loads(tmp_path):
                              checkpoint_every=2, log_every=1, telemetry_every=0))
     config.optimizer.warmup_steps = 1
     run = tmp_path / "run"
-    train.run(config, run, progress=False, devices=jax.devices()[:1])
+    loop.run(config, run, progress=False, devices=jax.devices()[:1])
     saved = json.loads((run / "config.json").read_text())
     (run / "config.json").write_text(json.dumps(without_sections(saved)))
     config.train.steps = 3
-    summary = train.run(config, run, progress=False, devices=jax.devices()[:1])
+    summary = loop.run(config, run, progress=False, devices=jax.devices()[:1])
     assert summary["train"]["step"] == 3  # extended from its checkpoint, not a new run
-    _, loaded = train.load_params(run)
+    _, loaded = loop.load_params(run)
     assert loaded.data.backcopy.triggers == loaded.data.backcopy_triggers == 2
 
 

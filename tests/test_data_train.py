@@ -12,7 +12,8 @@ from data_fixtures import texts, tiny_tfds_builder, train_bpe, write_jsonl
 
 from gated_attention.config import run_config
 from gated_attention.data import prepare
-from gated_attention.training import train
+from gated_attention.training import loop
+from gated_attention.training import step as step_lib
 from gated_attention.training.metrics_writer import read_jsonl
 
 
@@ -44,13 +45,13 @@ def shards(tmp_path_factory):
 
 
 def _run(config, run_dir, **kwargs):
-    return train.run(config, run_dir, progress=False, devices=jax.devices()[:1], **kwargs)
+    return loop.run(config, run_dir, progress=False, devices=jax.devices()[:1], **kwargs)
 
 
 def _params(run_dir):
     from flax import nnx
 
-    model, _ = train.load_params(run_dir)
+    model, _ = loop.load_params(run_dir)
     return jax.tree.leaves(nnx.state(model, nnx.Param))
 
 
@@ -88,7 +89,7 @@ def test_the_epoch_guard_refuses_before_compiling(shards, monkeypatch):
     def no_compile(*args, **kwargs):
         raise AssertionError("compiled although the epoch guard should have refused")
 
-    monkeypatch.setattr(train, "train_state_spec", no_compile)
+    monkeypatch.setattr(step_lib, "train_state_spec", no_compile)
     with pytest.raises(run_config.ConfigError, match=r"is 5.0 epochs of the training split of "
                        r"data.source='array_record' .* more than data.max_epochs=5; use a "
                        r"larger dataset"):

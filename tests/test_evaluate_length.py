@@ -14,7 +14,7 @@ from gated_attention.analysis import stats
 from gated_attention.config import run_config
 from gated_attention.data import pipeline
 from gated_attention.model.transformer import abstract_model
-from gated_attention.training import train
+from gated_attention.training import loop
 
 
 @pytest.fixture(scope="module")
@@ -22,12 +22,12 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("length")
     config = mini_config(root, steps=3, eval_every=0, checkpoint_every=0)
     config.optimizer.warmup_steps = 1
-    train.run(config, root / "run", progress=False, devices=jax.devices()[:1])
+    loop.run(config, root / "run", progress=False, devices=jax.devices()[:1])
     return root / "run"
 
 
 def test_perplexity_at_the_training_length_is_the_analysis_perplexity(trained):
-    model, config = train.load_params(trained)
+    model, config = loop.load_params(trained)
     local = pipeline.load_local_data(config.data, config.model.vocab_size, trained)
     seq_len = config.data.seq_len
     batch = pipeline.analysis_batches(local, config.data, 4, 1)[0]  # what analyze measures

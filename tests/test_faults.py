@@ -20,7 +20,7 @@ import pytest
 from test_train import mini_config
 
 from gated_attention.parallel import distributed
-from gated_attention.training import checkpoint, interrupts, train, workdir, workdir_lock
+from gated_attention.training import checkpoint, interrupts, loop, losses, workdir, workdir_lock
 from gated_attention.training.metrics_writer import read_jsonl
 
 HERE = Path(__file__).resolve().parent
@@ -33,7 +33,7 @@ def fault_config(root, **overrides):
 
 
 def run(config, run_dir, **kwargs):
-    return train.run(config, run_dir, progress=False, devices=jax.devices()[:1], **kwargs)
+    return loop.run(config, run_dir, progress=False, devices=jax.devices()[:1], **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def reference(tmp_path_factory):
 
 
 def params_of(run_dir, step=None):
-    model, _ = train.load_params(run_dir, step=step)
+    model, _ = loop.load_params(run_dir, step=step)
     from flax import nnx
 
     return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
@@ -264,14 +264,14 @@ def test_signal_mid_run_saves_that_step_then_resumes_exactly(reference, monkeypa
             os.kill(os.getpid(), signum)
         return global_batch(*args, **kwargs)
 
-    monkeypatch.setattr(train.distributed, "global_batch", batch_then_signal)
+    monkeypatch.setattr(distributed, "global_batch", batch_then_signal)
     with pytest.raises(interrupts.Interrupted, match=f"stopped by {signum.name} at step 6") as err:
         run(config, run_dir)
     assert err.value.exit_code == 128 + signum
     assert signal.getsignal(signum) is not None  # the handlers were put back
     assert sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir()) == [4, 6]
     assert max(r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")) == 6  # flushed
-    monkeypatch.setattr(train.distributed, "global_batch", global_batch)
+    monkeypatch.setattr(distributed, "global_batch", global_batch)
     with open(run_dir / "metrics.jsonl", "a") as f:  # as if killed while writing step 7
         f.write('{"step": 7, "kind": "tra')
     with pytest.warns(UserWarning, match="dropped an unfinished last line"):
@@ -297,7 +297,7 @@ BAD_STEPS = (3, 4, 8)
 def nan_at_bad_steps(monkeypatch):
     """A NaN loss at BAD_STEPS only: those batches carry mask[0, 0] = 2 (a mark the loss
     reads, then drops), so both modes below share one compiled step."""
-    cross_entropy = train.losses.cross_entropy
+    cross_entropy = losses.cross_entropy
     global_batch = distributed.global_batch
     calls = []
 
@@ -313,15 +313,15 @@ def nan_at_bad_steps(monkeypatch):
                 local["mask"].shape) == 0, 2, local["mask"]).astype(local["mask"].dtype)}
         return global_batch(local, *args, **kwargs)
 
-    monkeypatch.setattr(train.losses, "cross_entropy", sometimes_nan)
-    monkeypatch.setattr(train.distributed, "global_batch", marked_batch)
+    monkeypatch.setattr(losses, "cross_entropy", sometimes_nan)
+    monkeypatch.setattr(distributed, "global_batch", marked_batch)
 
 
 def test_stop_mode_ends_at_the_first_bad_step_with_finite_checkpoints(reference, monkeypatch):
     root, _, _ = reference
     nan_at_bad_steps(monkeypatch)
     run_dir = root / "diverged"
-    with pytest.raises(train.NonFiniteError, match=r"^step 3: non-finite loss or gradients "
+    with pytest.raises(loop.NonFiniteError, match=r"^step 3: non-finite loss or gradients "
                        r"\(first in the gradient of [a-z_.0-9]+\).*on_nonfinite='stop'"):
         run(fault_config(root, on_nonfinite="stop"), run_dir)
     records = read_jsonl(run_dir / "metrics.jsonl")
@@ -356,7 +356,7 @@ def test_a_diverging_learning_rate_stops_after_max_skipped(reference):
     root, _, _ = reference
     config = fault_config(root, on_nonfinite="skip", max_skipped=2)
     config.optimizer.update(dict(peak_lr=1e9, final_lr=0.0, warmup_steps=0))
-    with pytest.raises(train.NonFiniteError, match=r"2 steps in a row were skipped "
+    with pytest.raises(loop.NonFiniteError, match=r"2 steps in a row were skipped "
                        r"\(train.max_skipped=2\)"):
         run(config, root / "lr_1e9")
     records = read_jsonl(root / "lr_1e9" / "metrics.jsonl")

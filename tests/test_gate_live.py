@@ -22,7 +22,8 @@ from gated_attention.hf import safetensors_io
 from gated_attention.inference import generation as generate
 from gated_attention.model.transformer import build_model, stack_layer_params
 from gated_attention.parallel import sharding
-from gated_attention.training import optim, train
+from gated_attention.training import optim
+from gated_attention.training import step as step_lib
 
 TOKENS = np.array([[5, 9, 2, 30, 11, 7, 40, 3], [1, 60, 8, 8, 21, 4, 17, 33]], np.int32)
 
@@ -95,7 +96,7 @@ def test_forward_eval_prefill_and_decode(variant):
     assert_live(*jit_logits(model, moved), "training forward")
 
     graphdef = nnx.split(model, nnx.Param, ...)[0]
-    eval_step = jax.jit(train.make_eval_step(graphdef))
+    eval_step = jax.jit(step_lib.make_eval_step(graphdef))
     evals = [eval_step(nnx.state(m, nnx.Param), _batch())["nll_sum"] for m in (model, moved)]
     assert_live(*evals, "eval step")
 
@@ -116,7 +117,7 @@ def test_train_step_with_remat_reaches_the_gate():
     model = build_model(run_config.model_config(config), seed=0)
     graphdef = nnx.split(model, nnx.Param)[0]
     tx = optim.make_optimizer(config.optimizer, config.train.steps)
-    step = jax.jit(train.make_train_step(graphdef, config, tx))
+    step = jax.jit(step_lib.make_train_step(graphdef, config, tx))
     losses, gate_moves = [], []
     for m in (model, perturb_gate(model)):
         params = nnx.state(m, nnx.Param)
@@ -202,8 +203,8 @@ def test_the_sharded_train_step_on_eight_devices():
     config = tiny_config()
     config.mesh.update(dict(data=2, fsdp=2, tensor=2))
     mesh = sharding.create_mesh(config.mesh, devices[:8])
-    graphdef, state, shardings = train.create_train_state(config, mesh)
-    step = train.jit_train_step(train.make_train_step(graphdef, config), mesh, shardings)
+    graphdef, state, shardings = step_lib.create_train_state(config, mesh)
+    step = step_lib.jit_train_step(step_lib.make_train_step(graphdef, config), mesh, shardings)
     fresh = lambda x: jax.device_put(jnp.copy(x), x.sharding)  # noqa: E731 - steps donate
     moved_params = []
     for path, var in nnx.to_flat_state(jax.tree.map(fresh, state["params"])):

@@ -296,7 +296,7 @@ def test_runs_without_analysis_take_their_sink_numbers_from_the_records_telemetr
     check, from the last telemetry point of its record.json, and the summary says so."""
     from tests import grid_fixtures
 
-    def telemetry(f_attn: float, step: int = 40) -> dict:  # as train.write_record stores it
+    def telemetry(f_attn: float, step: int = 40) -> dict:  # as loop.write_record stores it
         return {"step": step, "kind": "telemetry", "f_attn": f_attn, "sink_rate": 0.25,
                 "m_act": 12.0, "gate_mean": 0.3, "f_attn_per_layer": [f_attn, f_attn]}
 

@@ -294,7 +294,7 @@ def test_training_hook_and_the_command_on_the_trained_run(tmp_path):
 
     from gated_attention import harness
     from gated_attention.config import run_config
-    from gated_attention.training import train
+    from gated_attention.training import loop
     from gated_attention.training.metrics_writer import read_jsonl
     from tests.data_fixtures import write_jsonl
 
@@ -310,7 +310,7 @@ def test_training_hook_and_the_command_on_the_trained_run(tmp_path):
                              harness_every=2, harness_tasks="ga_mc,ga_gen",
                              harness_include_path=str(tasks)))
     config.optimizer.update(dict(warmup_steps=1, peak_lr=3e-2))
-    train.run(config, tmp_path / "run", progress=False, devices=jax.devices()[:1])
+    loop.run(config, tmp_path / "run", progress=False, devices=jax.devices()[:1])
     records = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")
                if r["kind"] == "harness"]
     assert [r["step"] for r in records] == [2, 4]

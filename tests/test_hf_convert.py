@@ -15,7 +15,7 @@ from gated_attention import convert, hf
 from gated_attention.config import run_config
 from gated_attention.hf import safetensors_io
 from gated_attention.inference import generation as generate
-from gated_attention.training import train
+from gated_attention.training import loop
 from gated_attention.training.workdir import WorkdirError
 from tests.data_fixtures import texts, train_bpe, write_jsonl
 from tests.hf_fixtures import numpy_forward, random_tensors, tiny_hf_config, write_hf_folder
@@ -43,7 +43,7 @@ def test_from_hf_to_hf_round_trip_and_generation(hf_folder, tmp_path):
     saved = json.loads((run / "config.json").read_text())
     assert saved["model"]["num_layers"] == 2 and saved["data"]["tokenizer"] == "hf"
 
-    model, _ = train.load_params(run)  # what analyze and the notebooks call
+    model, _ = loop.load_params(run)  # what analyze and the notebooks call
     imported, _ = hf.load_pretrained(folder)
     ids = jnp.asarray([[5, 9, 2, 30, 11]])
     np.testing.assert_array_equal(np.asarray(model(ids)[0]), np.asarray(imported(ids)[0]))
@@ -80,9 +80,9 @@ def test_continued_training_starts_from_the_imported_weights(hf_folder, tmp_path
     config.train.update(dict(steps=2, batch_size=2, eval_every=0, eval_batches=0, log_every=1,
                              checkpoint_every=0, async_checkpoint=False))
     config.optimizer.update(dict(warmup_steps=1, peak_lr=1e-7, final_lr=0.0))
-    train.run(config, tmp_path / "ft", progress=False, devices=jax.devices()[:1])
-    tuned, _ = train.load_params(tmp_path / "ft")
-    start, _ = train.load_params(tmp_path / "run")
+    loop.run(config, tmp_path / "ft", progress=False, devices=jax.devices()[:1])
+    tuned, _ = loop.load_params(tmp_path / "ft")
+    start, _ = loop.load_params(tmp_path / "run")
     tuned_params, start_params = hf.flat_params(tuned), hf.flat_params(start)
     for name, value in start_params.items():  # a tiny learning rate: still the import
         np.testing.assert_allclose(tuned_params[name], value, atol=1e-5, err_msg=name)
@@ -111,10 +111,10 @@ def test_convert_refuses_before_writing(hf_folder, tmp_path):
     config.train.init_from = str(tmp_path / "run")
     with pytest.raises(run_config.ConfigError, match=r"has parameter embed of shape \(320, 32\), "
                                                      r"this model needs \(1024, 128\)"):
-        train.check_run(config)  # the run's checks before compiling (init_from's source too)
+        loop.check_run(config)  # the run's checks before compiling (init_from's source too)
     config.train.init_from = str(tmp_path / "busy")
     with pytest.raises(run_config.ConfigError, match="is not a run workdir with checkpoints"):
-        train.check_run(config)
+        loop.check_run(config)
 
 
 def _greedy_text(model, config, tokenizer, prompt: str = "The import statement") -> str:
@@ -146,7 +146,7 @@ def test_a_run_survives_its_own_hugging_face_round_trip(tmp_path):
     config.train.update(dict(steps=3, batch_size=4, eval_every=0, eval_batches=0, log_every=1,
                              checkpoint_every=0, async_checkpoint=False))
     config.optimizer.update(dict(warmup_steps=1, peak_lr=3e-2))
-    train.run(config, tmp_path / "run", progress=False, devices=jax.devices()[:1])
+    loop.run(config, tmp_path / "run", progress=False, devices=jax.devices()[:1])
 
     model, source_config, tokenizer = generate.load_for_generation(workdir=str(tmp_path / "run"))
     source_text = _greedy_text(model, source_config, tokenizer)

@@ -7,12 +7,14 @@ from flax import nnx
 from test_train import mini_config
 
 from gated_attention.config import run_config
-from gated_attention.training import train
+from gated_attention.parallel import sharding
+from gated_attention.training import loop
+from gated_attention.training import step as step_lib
 from gated_attention.training.metrics_writer import read_jsonl
 
 
 def _run(config, run_dir, **kwargs):
-    return train.run(config, run_dir, progress=False, devices=jax.devices()[:1], **kwargs)
+    return loop.run(config, run_dir, progress=False, devices=jax.devices()[:1], **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +52,14 @@ def test_continued_run_starts_from_the_source_parameters(source_run):
     config = _continued(root, source, rope_base=1e6)
     cfg = run_config.validate_run_config(config)
     assert cfg.rope_base == 1e6
-    mesh = train.sharding.create_mesh(config.mesh, jax.devices()[:1])
-    spec = train.train_state_spec(config, mesh)
+    mesh = sharding.create_mesh(config.mesh, jax.devices()[:1])
+    spec = step_lib.train_state_spec(config, mesh)
     with jax.set_mesh(mesh):
         fresh = spec.init()
     from gated_attention.training.init_from import initial_state
 
     state = initial_state(config, fresh, spec)
-    trained, _ = train.load_params(root / "short")
+    trained, _ = loop.load_params(root / "short")
     for got, want in zip(_leaves(state["params"]), _leaves(nnx.state(trained, nnx.Param)),
                          strict=True):
         np.testing.assert_array_equal(got, want)

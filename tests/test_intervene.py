@@ -17,7 +17,7 @@ from gated_attention.analysis.interventions import Change, apply_change
 from gated_attention.model.layers.attention import Attention
 from gated_attention.model.transformer import build_model
 from gated_attention.model.variants import VARIANTS
-from gated_attention.training import train
+from gated_attention.training import loop
 
 
 def small_model(name="g1_sdpa_headwise"):
@@ -109,7 +109,7 @@ def file_hashes(root):
 def test_intervene_on_a_trained_run_writes_a_new_folder_and_changes_nothing(tmp_path):
     config = mini_config(tmp_path, steps=3, eval_every=0, checkpoint_every=0)
     config.optimizer.warmup_steps = 1
-    train.run(config, tmp_path / "run", progress=False, devices=jax.devices()[:1])
+    loop.run(config, tmp_path / "run", progress=False, devices=jax.devices()[:1])
     run = tmp_path / "run"
     before = file_hashes(run)
     changes = intervene.changes_from_flags(["0", "1"], ["0:*"], [], ["0:1"], [])

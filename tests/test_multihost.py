@@ -89,13 +89,13 @@ def test_two_processes_agree_with_one_process(tmp_path):
 
     1. the train step on synthetic data, each process one "slice" of dcn_data=2: each loads
        only its half of the batch;
-    2. the whole `train.run` (data pipeline, metrics, orbax checkpoints) on a tensor=8 axis
+    2. the whole `loop.run` (data pipeline, metrics, orbax checkpoints) on a tensor=8 axis
        spanning both processes: the batch is replicated over them, so each must read the
        whole batch (splitting by process index fails here); only process 0 writes metrics.
     """
     from test_train import mini_config
 
-    from gated_attention.training import train
+    from gated_attention.training import loop
     from gated_attention.training.metrics_writer import read_jsonl
 
     config = mini_config(tmp_path, steps=4, eval_every=4, checkpoint_every=2)
@@ -109,7 +109,7 @@ def test_two_processes_agree_with_one_process(tmp_path):
     # The single-process references run meanwhile, on 8 devices of this process.
     reference, _, _, _ = worker.train_steps(
         worker.tiny_config({"data": 2, "fsdp": 2, "tensor": 2}), 3)
-    train.run(config, tmp_path / "one", progress=False)
+    loop.run(config, tmp_path / "one", progress=False)
     results = finish(procs, tmp_path)
 
     assert [r["process"] for r in results] == [0, 1]
@@ -121,7 +121,7 @@ def test_two_processes_agree_with_one_process(tmp_path):
     for r in results:
         np.testing.assert_allclose(r["losses"], reference, rtol=1e-5)
     assert reference[-1] < reference[0]  # and it does train
-    # 2. train.run across hosts equals train.run in one process.
+    # 2. loop.run across hosts equals loop.run in one process.
     pod = read_jsonl(tmp_path / "pod" / "metrics.jsonl")
     one = read_jsonl(tmp_path / "one" / "metrics.jsonl")
     assert [(r["kind"], r["step"]) for r in pod] == [(r["kind"], r["step"]) for r in one]

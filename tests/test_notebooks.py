@@ -68,7 +68,7 @@ def test_tiny_grid_is_analysed_and_summarised(tiny_grid):
         maps = np.load(tiny_grid / a["workdir"] / "analysis" / "attention_maps.npy")
         np.testing.assert_allclose(maps.sum(-1), 1.0, atol=1e-5)
         assert np.all(np.triu(maps, k=1) == 0)
-        # The flags train.py logged follow the documented rule, recomputed here by hand: a
+        # The flags loop.py logged follow the documented rule, recomputed here by hand: a
         # logged loss is a spike if, from the warm-up's end (step 5), it exceeds 1.5 x the
         # EMA (decay 0.9) of the logged losses before it.
         records = stability.read_metrics(tiny_grid / a["workdir"] / "metrics.jsonl")

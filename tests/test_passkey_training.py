@@ -17,7 +17,8 @@ from gated_attention.data.tokenizer import ByteTokenizer
 from gated_attention.model.transformer import abstract_model
 from gated_attention.ops import cpu_compile
 from gated_attention.parallel import sharding
-from gated_attention.training import train
+from gated_attention.training import loop
+from gated_attention.training import step as step_lib
 
 # 300 steps of 16 rows at 64 tokens, Adam at a constant 3e-2 (measured 2026-12-03, this
 # training compiled as below, this file run alone): 0.98 of the answer digits and 59 of 64
@@ -69,8 +70,8 @@ def scores(forward, params, examples, length):
 def trained():
     config = tiny_config()
     mesh = sharding.create_mesh(config.mesh, jax.devices()[:1])
-    graphdef, state, shardings = train.create_train_state(config, mesh)
-    step = train.jit_train_step(train.make_train_step(graphdef, config), mesh, shardings)
+    graphdef, state, shardings = step_lib.create_train_state(config, mesh)
+    step = step_lib.jit_train_step(step_lib.make_train_step(graphdef, config), mesh, shardings)
     first = passkey.packed_batch(TOKENIZER, LENGTH, BATCH, 0, digits=DIGITS)
     step = step.lower(state, first).compile(OPTIMIZED)  # the same program, optimised
     cfg = evaluate_length.scaled_config(run_config.model_config(config), "none", LENGTH, 1.0,
@@ -154,10 +155,10 @@ def test_passkey_source_serves_each_host_its_rows_of_the_global_batch():
 
 def test_a_passkey_run_trains_is_scored_at_length_and_bad_fields_are_named(tmp_path):
     config = passkey_run_config(passkey=dict(digits=6))
-    metrics = train.run(config, tmp_path / "run", progress=False, devices=jax.devices()[:1])
+    metrics = loop.run(config, tmp_path / "run", progress=False, devices=jax.devices()[:1])
     # The held-out loss is the mean NLL over the key tokens of the held-out batch, recomputed
     # here in float64 numpy from the saved model's logits.
-    model, _ = train.load_params(tmp_path / "run")
+    model, _ = loop.load_params(tmp_path / "run")
     batch = passkey.build_inputs(config).eval_batches[0]
     logits = np.asarray(model(batch["inputs"], positions=batch["positions"],
                               segment_ids=batch["segment_ids"])[0], np.float64)

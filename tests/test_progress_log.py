@@ -31,7 +31,7 @@ def test_the_progress_bar_starts_after_the_first_step_and_its_compile(tmp_path, 
     import jax
     import tqdm.auto
 
-    from gated_attention.training import train
+    from gated_attention.training import loop
 
     bars = []
 
@@ -60,5 +60,5 @@ def test_the_progress_bar_starts_after_the_first_step_and_its_compile(tmp_path, 
     config.train.update(steps=3, batch_size=2, eval_every=0, log_every=1, checkpoint_every=0,
                         telemetry_every=0)
     config.optimizer.warmup_steps = 1
-    train.run(config, tmp_path / "run", progress=True, devices=jax.devices()[:1])
+    loop.run(config, tmp_path / "run", progress=True, devices=jax.devices()[:1])
     assert [(b.total, b.initial, b.n) for b in bars] == [(3, 1, 3)]

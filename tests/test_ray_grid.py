@@ -126,9 +126,9 @@ def params(run_dir) -> list[np.ndarray]:
     import jax
     from flax import nnx
 
-    from gated_attention.training import train
+    from gated_attention.training import loop
 
-    model, _ = train.load_params(run_dir)
+    model, _ = loop.load_params(run_dir)
     return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
 

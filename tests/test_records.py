@@ -235,14 +235,14 @@ def compiled_once(tmp_path):
 
 @pytest.mark.slow
 def test_a_resumed_run_records_the_wall_time_of_both_calls(tmp_path, compiled_once):
-    from gated_attention.training import train
+    from gated_attention.training import loop
 
     workdir = tmp_path / "run"
     config = _telemetry_config(6)
     spent = []
     for stop_after in (3, None):  # "killed" after step 3 (checkpoint at 2), then resumed
         start = time.perf_counter()
-        train.run(config, workdir, progress=False, devices=jax.devices()[:1],
+        loop.run(config, workdir, progress=False, devices=jax.devices()[:1],
                   stop_after=stop_after)
         spent.append(time.perf_counter() - start)
     record = json.loads((workdir / "record.json").read_text())

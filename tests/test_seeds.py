@@ -9,7 +9,7 @@ from configs import sinks
 from experiments import grid_lib
 from gated_attention.data import build_inputs
 from gated_attention.parallel import sharding
-from gated_attention.training import train
+from gated_attention.training import step as step_lib
 
 
 def _config(run: grid_lib.Run, settings=None):
@@ -22,10 +22,10 @@ def _config(run: grid_lib.Run, settings=None):
 
 def _weights(config):
     mesh = sharding.create_mesh(config.mesh, jax.devices()[:1])
-    spec = train.train_state_spec(config, mesh)
+    spec = step_lib.train_state_spec(config, mesh)
     with jax.disable_jit():  # eager: a tiny model inits faster than it compiles
         params = spec.init()["params"]
-    return dict(zip(train.parameter_names(params), map(np.asarray, jax.tree.leaves(params))))
+    return dict(zip(step_lib.parameter_names(params), map(np.asarray, jax.tree.leaves(params))))
 
 
 def _batches(config, n=3):

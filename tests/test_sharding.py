@@ -18,7 +18,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from gated_attention.parallel import sharding
-from gated_attention.training import checkpoint, losses, train
+from gated_attention.training import checkpoint, losses
+from gated_attention.training import step as step_lib
 
 _spec = importlib.util.spec_from_file_location(
     "multiprocess_worker", Path(__file__).with_name("multiprocess_worker.py"))
@@ -100,7 +101,7 @@ def test_constrain_is_a_noop_without_mesh_and_pins_layout_under_one():
 def abstract_params(mesh_shape):
     config = worker.tiny_config(mesh_dict(mesh_shape))
     mesh = sharding.create_mesh(config.mesh)
-    spec = train.train_state_spec(config, mesh)
+    spec = step_lib.train_state_spec(config, mesh)
     return spec.abstract, spec.shardings
 
 
@@ -168,7 +169,7 @@ def loss_and_grads_fn(graphdef):
 def single_device_reference():
     config = worker.tiny_config({"data": 1})
     mesh = sharding.create_mesh(config.mesh, jax.devices()[:1])
-    spec = train.train_state_spec(config, mesh)
+    spec = step_lib.train_state_spec(config, mesh)
     params = jax.device_get(worker.host_init(spec)["params"])
     batch = worker.synthetic_batch(0)
     fn = jax.jit(loss_and_grads_fn(spec.graphdef), compiler_options=worker.FAST_COMPILE)
@@ -181,7 +182,7 @@ def test_sharded_loss_and_grads_equal_single_device(mesh_shape, single_device_re
     params, batch, ref_loss, ref_grads = single_device_reference
     config = worker.tiny_config(mesh_dict(mesh_shape))
     mesh = sharding.create_mesh(config.mesh)
-    spec = train.train_state_spec(config, mesh)
+    spec = step_lib.train_state_spec(config, mesh)
     param_sh = spec.shardings["params"]
     batch_sh = sharding.batch_sharding(mesh)
     fn = jax.jit(loss_and_grads_fn(spec.graphdef), in_shardings=(param_sh, batch_sh),
@@ -214,7 +215,7 @@ def test_checkpoint_saved_on_one_mesh_restores_on_others(tmp_path):
     for shape in [(8, 1, 1), (1, 2, 4)]:
         other = worker.tiny_config(mesh_dict(shape))
         mesh = sharding.create_mesh(other.mesh)
-        spec = train.train_state_spec(other, mesh)
+        spec = step_lib.train_state_spec(other, mesh)
         target = checkpoint.abstract_with_shardings(spec.abstract, spec.shardings)
         restored = ckpt.restore(2, target, None)
         q = restored["params"]["layers"][0]["attention"]["q_proj"][...]

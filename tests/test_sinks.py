@@ -125,15 +125,15 @@ def test_sink_tiny_defaults_to_the_task():
 @pytest.mark.slow
 def test_a_short_baseline_run_learns_the_copy(tmp_path):
     from gated_attention.analysis import backcopy
-    from gated_attention.training import train
+    from gated_attention.training import loop
 
     config = _config()
     config.data.seq_len = 32
     config.train.update(steps=80, batch_size=32, eval_every=0, eval_batches=0,
                         log_every=50, checkpoint_every=0, async_checkpoint=False)
     config.optimizer.update(peak_lr=1e-2, warmup_steps=8, final_lr=1e-3)
-    train.run(config, tmp_path / "run", progress=False, devices=jax.devices()[:1])
-    model, _ = train.load_params(tmp_path / "run")
+    loop.run(config, tmp_path / "run", progress=False, devices=jax.devices()[:1])
+    model, _ = loop.load_params(tmp_path / "run")
     chain = bb.chain_from_config(config.data, config.model.vocab_size)
     held_out = bb.eval_batches(chain, 32, 32, 2, seed=0)
     stats = backcopy.task_statistics(model, chain, held_out)

@@ -28,7 +28,7 @@ from gated_attention.model import capture, reductions
 from gated_attention.model.transformer import Transformer
 from gated_attention.ops import reference
 from gated_attention.parallel import sharding
-from gated_attention.training import telemetry, train
+from gated_attention.training import loop, telemetry
 
 # Row 0: two segments and padding (segment id 0); row 1: one segment.
 SEGMENTS = np.array([[1] * 9 + [2] * 8 + [0] * 3, [3] * 20], np.int32)
@@ -220,7 +220,7 @@ def _xla_reference(segmented: bool) -> dict[str, np.ndarray]:
 
 
 def _telemetry_as_training_runs_it(impl: str, segmented: bool) -> tuple[dict, str]:
-    """The record of one telemetry call with the model on `impl`, jitted as train.run jits it
+    """The record of one telemetry call with the model on `impl`, jitted as loop.run jits it
     (the batch split over a data=2 mesh of this host's CPU devices, so each device's kernel
     gets one row under shard_map, as on a pod), and the traced program's jaxpr.
 
@@ -393,7 +393,7 @@ def test_a_run_writes_telemetry_and_its_record(tmp_path):
         "train.eval_batches": 1, "train.log_every": 2, "train.checkpoint_every": 5,
         "optimizer.warmup_steps": 1, "train.telemetry_every": 2, "train.async_checkpoint": False})
     workdir = tmp_path / "run"
-    train.run(config, workdir, progress=False, devices=jax.devices()[:1])
+    loop.run(config, workdir, progress=False, devices=jax.devices()[:1])
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     points = [r for r in records if r["kind"] == "telemetry"]
     assert [p["step"] for p in points] == [2, 4]  # every 2 updates, none at step 0

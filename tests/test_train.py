@@ -11,7 +11,8 @@ import pytest
 
 from gated_attention.config import run_config
 from gated_attention.data import corpus
-from gated_attention.training import checkpoint, train, workdir
+from gated_attention.training import checkpoint, loop, workdir
+from gated_attention.training import step as step_lib
 from gated_attention.training.metrics_writer import SpikeDetector, read_jsonl
 
 
@@ -35,7 +36,7 @@ def mini_config(tmp_path, **train_overrides):
 
 def run(config, run_dir, **kwargs):
     """One CPU device: 8 fake ones would only add collectives to a 1-layer model."""
-    return train.run(config, run_dir, progress=False, devices=jax.devices()[:1], **kwargs)
+    return loop.run(config, run_dir, progress=False, devices=jax.devices()[:1], **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def straight(tmp_path_factory):
 def _params(run_dir):
     from flax import nnx
 
-    model, _ = train.load_params(run_dir)
+    model, _ = loop.load_params(run_dir)
     return jax.tree.leaves(nnx.state(model, nnx.Param))
 
 
@@ -159,8 +160,8 @@ def test_gradient_accumulation_matches_one_big_batch(straight):
     results = []
     for accum in (1, 4):
         config = mini_config(root, grad_accum=accum)
-        graphdef, state, shardings = train.create_train_state(config, mesh)
-        step = train.jit_train_step(train.make_train_step(graphdef, config), mesh, shardings)
+        graphdef, state, shardings = step_lib.create_train_state(config, mesh)
+        step = step_lib.jit_train_step(step_lib.make_train_step(graphdef, config), mesh, shardings)
         state, metrics = step(state, batch)
         results.append((jax.tree.leaves(state["params"]), metrics))
     (p1, m1), (p4, m4) = results
@@ -197,10 +198,10 @@ def test_training_in_a_bucket_resumes_and_matches_a_local_run(straight, bucket_c
     root, config, local = straight
     store, mirror, asked = bucket_checkpoints
     devices = jax.devices()[:1]
-    train.run(config, RUN, progress=False, devices=devices, stop_after=15)
+    loop.run(config, RUN, progress=False, devices=devices, stop_after=15)
     run_dir = store / "bucket" / "runs" / "g1"
     assert max(r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")) == 15
-    summary = train.run(config, RUN, progress=False, devices=devices)
+    summary = loop.run(config, RUN, progress=False, devices=devices)
 
     # orbax was handed the bucket path itself (then mirrored locally by the fixture)
     assert asked == [RUN, RUN]
@@ -221,7 +222,7 @@ def test_training_in_a_bucket_resumes_and_matches_a_local_run(straight, bucket_c
 
     other = mini_config(root, steps=20)  # a different run in the same bucket workdir
     with pytest.raises(workdir.WorkdirError, match="train.steps: 30 -> 20"):
-        train.run(other, RUN, progress=False, devices=devices)
+        loop.run(other, RUN, progress=False, devices=devices)
     workdir.prepare(RUN, other, overwrite=True)  # the old run is moved aside, never deleted
     backups = [p for p in (store / "bucket" / "runs").iterdir() if ".backup-" in p.name]
     assert len(backups) == 1 and (backups[0] / "metrics.jsonl").read_text().count("\n") == 33
@@ -260,12 +261,12 @@ def test_micro_batched_eval_sums_to_the_whole_batch_eval():
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "mask": mask,
              "positions": np.broadcast_to(np.arange(16), (8, 16)),
              "segment_ids": np.ones((8, 16), np.int32)}
-    whole = jax.jit(train.make_eval_step(graphdef))(params, batch)
-    pieces = jax.jit(train.make_eval_step(graphdef, micro_batches=4))(params, batch)
+    whole = jax.jit(step_lib.make_eval_step(graphdef))(params, batch)
+    pieces = jax.jit(step_lib.make_eval_step(graphdef, micro_batches=4))(params, batch)
     assert float(pieces["tokens"]) == float(mask.sum())
     np.testing.assert_allclose(float(pieces["nll_sum"]), float(whole["nll_sum"]), rtol=1e-5)
     # micro-batch i holds rows i and i + 4 (each piece spread over the data shards)
-    micro = train.split_micro_batches(batch, 4)
+    micro = step_lib.split_micro_batches(batch, 4)
     np.testing.assert_array_equal(np.asarray(micro["inputs"][1]), tokens[[1, 5], :-1])
 
 
@@ -288,5 +289,5 @@ def test_micro_batched_eval_of_a_scanned_model_traces():
     sums = []
     for model in (scanned, per_layer(scanned)):  # the same weights, stacked and per layer
         graphdef, params = nnx.split(model)
-        sums.append(float(jax.jit(train.make_eval_step(graphdef, 2))(params, batch)["nll_sum"]))
+        sums.append(float(jax.jit(step_lib.make_eval_step(graphdef, 2))(params, batch)["nll_sum"]))
     np.testing.assert_allclose(sums[0], sums[1], rtol=1e-5)

@@ -200,14 +200,14 @@ def intervene(workdir: str | os.PathLike[str], changes: Sequence[Change], *, bat
     """Evaluate the unchanged run and each change; write the table and plot; return them."""
     from gated_attention.analysis.run_analysis import analysis_batches
     from gated_attention.model.transformer import per_layer
-    from gated_attention.training import train
+    from gated_attention.training import loop
 
     workdir = paths.resolve(workdir)
     if not (workdir / "config.json").exists():
         raise FileNotFoundError(f"{workdir} holds no config.json: not a training run")
     if batches < 1 or batch_size < 1:
         raise UserError(f"--batches={batches} and --batch_size={batch_size} must be >= 1")
-    model, config = train.load_params(workdir, step=step)
+    model, config = loop.load_params(workdir, step=step)
     model = per_layer(model)
     check_changes(model.cfg, changes)
     held_out, _, description = analysis_batches(config, workdir, batch_size, batches)

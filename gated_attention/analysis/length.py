@@ -139,12 +139,12 @@ def evaluate(workdir: str | os.PathLike[str], lengths: Sequence[int], *,
     from gated_attention.config import run_config
     from gated_attention.data import pipeline
     from gated_attention.model.transformer import abstract_model
-    from gated_attention.training import train
+    from gated_attention.training import loop
 
     workdir = paths.resolve(workdir)
     lengths = sorted({int(x) for x in lengths})
     _check_arguments(workdir, lengths, scalings, tasks, examples, ppl_rows, batch_size, block)
-    model, config = train.load_params(workdir, step=step)
+    model, config = loop.load_params(workdir, step=step)
     step = step or _latest_step(workdir)
     from gated_attention.data import LOCAL_SOURCES
 
@@ -212,7 +212,7 @@ def eviction_eval(workdir: str | os.PathLike[str], windows: Sequence[int],
 
     from gated_attention.analysis.run_analysis import analysis_batches
     from gated_attention.inference import generation as generate
-    from gated_attention.training import train
+    from gated_attention.training import loop
 
     workdir = paths.resolve(workdir)
     if not (workdir / "config.json").exists():
@@ -222,7 +222,7 @@ def eviction_eval(workdir: str | os.PathLike[str], windows: Sequence[int],
         raise UserError(f"--evict_windows={list(windows)} must be >= 1, --keep_first="
                         f"{list(keep_firsts)} >= 0, --ppl_rows={rows} and --batch_size="
                         f"{batch_size} >= 1")
-    model, config = train.load_params(workdir, step=step)
+    model, config = loop.load_params(workdir, step=step)
     batches, chain, description = analysis_batches(config, workdir, batch_size,
                                                    max(1, -(-rows // batch_size)))
     copy_mask = None

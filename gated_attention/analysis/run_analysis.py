@@ -86,7 +86,7 @@ def layers_caption(layers: Sequence[int], num_layers: int) -> str:
 
 def stability_section(workdir: epath.Path, config: Any) -> dict[str, Any]:
     """Spikes and divergence under the run's own rule (train.spike_factor, train.spike_ema,
-    after optimizer.warmup_steps), the flags train.py logged, and the held-out curve."""
+    after optimizer.warmup_steps), the flags loop.py logged, and the held-out curve."""
     from gated_attention.analysis import stability
 
     warmup_steps = int(config.optimizer.warmup_steps)
@@ -162,7 +162,7 @@ def analyze(workdir: str | os.PathLike[str], *, step: int | None = None, batches
     from gated_attention.config import run_config
     from gated_attention.model import accounting
     from gated_attention.training import checkpoint as checkpoint_lib
-    from gated_attention.training import train
+    from gated_attention.training import loop
 
     workdir = paths.resolve(workdir)  # local or gs://
     if not (workdir / "config.json").exists():
@@ -173,7 +173,7 @@ def analyze(workdir: str | os.PathLike[str], *, step: int | None = None, batches
         ckpt.close()
         if step is None:
             raise FileNotFoundError(f"{workdir} holds no checkpoint")
-    model, config = train.load_params(workdir, step=step)
+    model, config = loop.load_params(workdir, step=step)
     held_out, tokenizer, description = analysis_batches(config, workdir, batch_size, batches)
     result = stats.model_statistics(model, held_out, exclude_first_query=exclude_first_query,
                                     sink_threshold=sink_threshold)

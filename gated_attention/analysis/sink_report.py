@@ -41,14 +41,14 @@ def analyze(workdir: pathlib.Path) -> dict[str, dict[str, Any]]:
     """Task metrics of every checkpoint of both runs, and attention maps of the last."""
     from gated_attention.analysis import backcopy, stats
     from gated_attention.data.synthetic import bigram_backcopy
-    from gated_attention.training import train
+    from gated_attention.training import loop
 
     results: dict[str, dict[str, Any]] = {}
     for variant in SINK_VARIANTS:
         run_dir = workdir / variant
         over_steps = []
         for step in _checkpoint_steps(run_dir):
-            model, config = train.load_params(run_dir, step=step)
+            model, config = loop.load_params(run_dir, step=step)
             chain = bigram_backcopy.chain_from_config(config.data, config.model.vocab_size)
             batches = bigram_backcopy.eval_batches(chain, config.data.seq_len, 32,
                                                    MEASURE_BATCHES, seed=config.data.shuffle_seed)

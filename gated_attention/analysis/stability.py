@@ -1,7 +1,7 @@
 """Training stability from metrics.jsonl: EMA-smoothed curves, loss spikes, divergence.
 
 Loss-spike rule (LOSS_SPIKE_RULE; one implementation, metrics_writer.SpikeDetector, serves both
-this report and the `loss_spike` flag train.py logs with config.train.spike_factor /
+this report and the `loss_spike` flag loop.py logs with config.train.spike_factor /
 spike_ema): a step is a spike
 when its loss exceeds SPIKE_FACTOR (1.5) x the EMA (decay 0.9) of the *previous* losses, once
 the step is past the warm-up (the optimizer's warm-up steps). The EMA starts at the first

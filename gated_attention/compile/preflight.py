@@ -10,7 +10,7 @@
     # before any data exist: random ids in the run's shapes; every check, nothing compiled:
     python -m gated_attention.preflight ... --config.data.source=synthetic [--check_only]
 
-The steps are the ones `main` runs (train.train_state_spec, make_train_step, jit_train_step,
+The steps are the ones `main` runs (step.train_state_spec, make_train_step, jit_train_step,
 make_eval_step: same functions, same shardings), traced inside `compiling_for("tpu")` so the
 attention kernel and its interpret mode are chosen for the TPU, and compiled by libtpu's real
 XLA TPU compiler (and Mosaic, for Pallas kernels) for a deviceless topology. The compiler's
@@ -27,7 +27,7 @@ allocator share of the GPU's memory, and the FLOPs are XLA's HLO count of the pl
 (custom-call kernels count 0), which the report says, next to the model's count.
 
 With train.telemetry_every > 0 the telemetry function (gated_attention/training/telemetry.py) is
-compiled too, as `train.run` jits it (same parameter and batch shardings, under the mesh), and
+compiled too, as `loop.run` jits it (same parameter and batch shardings, under the mesh), and
 judged like a step: its first call comes after telemetry_every steps, too late to find that
 it does not compile or fit.
 
@@ -97,26 +97,26 @@ def steps_main_runs(config: Any) -> tuple[str, ...]:
 
 def compile_telemetry(config: Any, mesh: Any, platform: str = "tpu",
                       batch: Mapping[str, Any] | None = None) -> CompiledStep:
-    """The telemetry function compiled for `mesh`'s devices as `train.run` jits it (the
+    """The telemetry function compiled for `mesh`'s devices as `loop.run` jits it (the
     parameters' shardings, the batch split as the train step's, traced under the mesh and the
     logical rules), so a run cannot first fail at step telemetry_every.
 
     batch: abstract arrays (default: the training batch, packed rows, as abstract_batch)."""
     from gated_attention.ops.target import compiling_for
     from gated_attention.parallel import sharding
-    from gated_attention.training import telemetry, train
+    from gated_attention.training import step as step_lib
+    from gated_attention.training import telemetry
 
     rules = sharding.rules_from_config(config.get("mesh"))
-    train.check_batch_layout(config, mesh, rules)
+    step_lib.check_batch_layout(config, mesh, rules)
     with compiling_for(platform, device_kind=mesh.devices.flat[0].device_kind):
-        spec = train.train_state_spec(config, mesh)
+        spec = step_lib.train_state_spec(config, mesh)
         batch = abstract_batch(config, mesh, rules) if batch is None else batch
         start, cpu_start = time.perf_counter(), time.process_time()
-        jitted = jax.jit(telemetry.make_telemetry_fn(spec.graphdef, config),
-                         in_shardings=(spec.shardings["params"],
-                                       sharding.batch_sharding(mesh, rules)))
-        with jax.set_mesh(mesh), sharding.logical_rules(rules):
-            compiled = jitted.lower(spec.abstract["params"], batch).compile()
+        jitted = step_lib.jit_on_params_and_batch(
+            telemetry.make_telemetry_fn(spec.graphdef, config), mesh, spec.shardings["params"],
+            rules)
+        compiled = jitted.lower(spec.abstract["params"], batch).compile()
     return CompiledStep(TELEMETRY, compiled, time.perf_counter() - start,
                         time.process_time() - cpu_start)
 
@@ -208,9 +208,9 @@ def preflight(config: Any, tpu: Target, steps: tuple[str, ...] | None = None,
         report["telemetry_rows"] = telemetry_rows(config)
     if check_only:
         from gated_attention.parallel import sharding
-        from gated_attention.training import train
+        from gated_attention.training import step as step_lib
 
-        train.check_batch_layout(config, mesh, sharding.rules_from_config(config.get("mesh")))
+        step_lib.check_batch_layout(config, mesh, sharding.rules_from_config(config.get("mesh")))
         report.update(checked_only=True, fits=None)
         return report
     for name in steps:

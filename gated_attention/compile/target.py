@@ -1,6 +1,6 @@
 """Compile a run's train or eval step for a TPU slice or GPU nodes without either (deviceless).
 
-The steps are the ones `train.run` builds (train_state_spec, make_train_step, jit_train_step,
+The steps are the ones `loop.run` builds (train_state_spec, make_train_step, jit_train_step,
 make_eval_step: same functions, same shardings), traced inside `compiling_for(platform)` so
 that every platform-dependent choice (attention kernel, interpret mode, MoE matmul) is the
 target's, not the host's. Used by the pre-flight command and by `inspect --accelerator`.
@@ -30,7 +30,7 @@ from gated_attention.compile import cuda as cuda_compile
 from gated_attention.core.errors import UserError
 from gated_attention.ops.target import compiling_for
 from gated_attention.parallel import distributed, sharding
-from gated_attention.training import train
+from gated_attention.training import step as step_lib
 
 STEPS = ("train", "eval")
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "mask")
@@ -255,21 +255,20 @@ def compile_step(config: Any, mesh: Mesh, step: str = "train",
     if step not in STEPS:
         raise ValueError(f"step={step!r} is not allowed; choose one of {', '.join(STEPS)}")
     rules = sharding.rules_from_config(config.get("mesh"))
-    train.check_batch_layout(config, mesh, rules)
+    step_lib.check_batch_layout(config, mesh, rules)
     with compiling_for(platform, device_kind=mesh.devices.flat[0].device_kind):
-        spec = train.train_state_spec(config, mesh)
+        spec = step_lib.train_state_spec(config, mesh)
         batch = abstract_batch(config, mesh, rules)
         start, cpu_start = time.perf_counter(), time.process_time()
         if step == "train":
-            jitted = train.jit_train_step(train.make_train_step(spec.graphdef, config), mesh,
-                                          spec.shardings, rules)
+            jitted = step_lib.jit_train_step(step_lib.make_train_step(spec.graphdef, config),
+                                             mesh, spec.shardings, rules)
             lowered = jitted.lower(spec.abstract, batch)
-        else:  # as train.run builds its eval step
-            eval_jit = jax.jit(train.make_eval_step(spec.graphdef, config.train.grad_accum),
-                               in_shardings=(spec.shardings["params"],
-                                             sharding.batch_sharding(mesh, rules)))
-            with jax.set_mesh(mesh), sharding.logical_rules(rules):
-                lowered = eval_jit.lower(spec.abstract["params"], batch)
+        else:  # as loop.run builds its eval step
+            eval_jit = step_lib.jit_on_params_and_batch(
+                step_lib.make_eval_step(spec.graphdef, config.train.grad_accum), mesh,
+                spec.shardings["params"], rules)
+            lowered = eval_jit.lower(spec.abstract["params"], batch)
         compiled = lowered.compile()
     return CompiledStep(step, compiled, time.perf_counter() - start,
                         time.process_time() - cpu_start)

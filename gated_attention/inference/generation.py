@@ -254,9 +254,9 @@ def load_for_generation(workdir: str = "", hf_dir: str = "") -> tuple[Transforme
         tokenizer = get_tokenizer(config.data.tokenizer, config.model.vocab_size,
                                   model_path=config.data.get("tokenizer_path", ""))
         return model, config, tokenizer
-    from gated_attention.training import train
+    from gated_attention.training import loop
 
-    model, config = train.load_params(workdir)
+    model, config = loop.load_params(workdir)
     tokenizer = get_tokenizer(config.data.tokenizer, config.model.vocab_size, workdir=workdir,
                               model_path=config.data.get("tokenizer_path", ""))
     return model, config, tokenizer

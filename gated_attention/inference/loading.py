@@ -80,7 +80,7 @@ def load(workdir: str = "", hf_dir: str = "", dtype: str = "float32") -> Loaded:
 def _from_run(workdir: pathlib.Path, dtype: str) -> Loaded:
     from gated_attention.config import run_config
     from gated_attention.data.tokenizer import get_tokenizer
-    from gated_attention.training import train
+    from gated_attention.training import loop
 
     config = run_config.saved_config(json.loads((workdir / "config.json").read_text()))
     config.model.dtype = dtype
@@ -90,7 +90,7 @@ def _from_run(workdir: pathlib.Path, dtype: str) -> Loaded:
                                   model_path=config.data.get("tokenizer_path", ""))
     except (UserError, FileNotFoundError, OSError) as err:
         raise UserError(f"--workdir={workdir}: its tokenizer cannot be read: {err}") from None
-    model, config = train.load_params(workdir, config)
+    model, config = loop.load_params(workdir, config)
     codec = TextCodec(tokenizer, add_bos=bool(config.data.get("add_bos", False)))
     return Loaded(model, config, codec, int(config.data.seq_len), str(workdir),
                   _chat_template(workdir))

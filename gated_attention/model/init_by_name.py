@@ -22,7 +22,7 @@ from gated_attention.model.layers.params import INIT_STD
 
 
 def leaf_name(path: tuple[Any, ...]) -> str:
-    """Dotted name of a parameter leaf ("layers.0.attention.q_proj"), as train.parameter_names."""
+    """Dotted name of a parameter leaf ("layers.0.attention.q_proj"), as step.parameter_names."""
     parts = [str(getattr(p, "key", getattr(p, "name", getattr(p, "idx", p)))) for p in path]
     return ".".join(parts).removesuffix(".value")
 

@@ -1,6 +1,6 @@
 """record.json: one file that says what a finished run was, for grids to collect.
 
-Written by train.finish once train.steps are done: the full config, the code version when
+Written by loop.finish once train.steps are done: the full config, the code version when
 the training loop started (git commit and whether tracked files had uncommitted changes;
 None outside a git checkout), the hardware and mesh (on a CPU also the XLA_FLAGS and cores
 the run compiled and ran with: cpu_settings), tokens seen, model FLOPs

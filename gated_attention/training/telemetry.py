@@ -235,7 +235,7 @@ def telemetry_rows(config: Any, batch_shards: int = 1) -> int:
 
 def first_rows(batch: Mapping[str, jax.Array], pieces: int) -> dict[str, jax.Array]:
     """Rows 0, k, 2k, ... of the batch (k = pieces): the first of the train step's
-    micro-batches when pieces = grad_accum (train.split_micro_batches), spread over every data
+    micro-batches when pieces = grad_accum (step.split_micro_batches), spread over every data
     shard as the batch is: taken through the same reshape, so each shard keeps its own rows."""
     return {name: x.reshape(x.shape[0] // pieces, pieces, *x.shape[1:])[:, 0]
             for name, x in batch.items()}
