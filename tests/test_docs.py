@@ -20,8 +20,17 @@ ROOT = Path(__file__).parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})(.*)$")
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-# Text that belongs to how the project was made, not to how it is used.
-FORBIDDEN = ("SPEC.md", "/work/", "shared/anchors", "../shared", "device tool")
+# An absolute path in a text the project ships may name only a standard system location
+# (the Filesystem Hierarchy Standard's top-level folders): anything else is a place on the
+# machine the text was written on, which a reader's clone does not have. Two more roots are
+# examples a reader replaces: /path/to/... and a cluster's shared file system (/shared/runs).
+SYSTEM_ROOTS = frozenset({"bin", "boot", "dev", "etc", "lib", "lib64", "media", "mnt", "opt",
+                          "proc", "run", "sbin", "srv", "sys", "tmp", "usr", "var"})
+EXAMPLE_ROOTS = frozenset({"path", "shared"})
+# "/name/x" not preceded by a name, a URL's host, a variable or a placeholder: `$VENV/xpk`,
+# `<workdir>/analysis` and `gs://bucket/x` are relative to something else.
+ABSOLUTE_PATH = re.compile(r"(?<![\w.~:/$@})>\]-])/([A-Za-z_][\w.-]*)/[\w.-]")
+PARENT_PATH = re.compile(r"(?<![\w./-])((?:\.\./)+[\w./-]*)")
 # Every text a user reads: documents, code, configs, scripts, notebooks (tests excluded: they
 # name these words to look for them).
 USER_TEXTS = sorted({*DOCUMENTS, ROOT / "benchmarks" / "RESULTS.md", ROOT / "Makefile",
@@ -183,13 +192,40 @@ def test_relative_links_point_to_files():
             if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
                 continue  # a web address or an anchor in the same page
             path = (doc.parent / target.split("#", 1)[0]).resolve()
-            if not path.exists():
+            if not (path.exists() and path.is_relative_to(ROOT)):
                 broken.append(f"{doc.relative_to(ROOT)}: {target}")
-    assert not broken, "links to missing files:\n" + "\n".join(broken)
+    assert not broken, "links to missing files or outside the repository:\n" + "\n".join(broken)
 
 
-def test_documents_speak_of_the_project_only():
-    found = [f"{doc.relative_to(ROOT)}: {word}" for doc in USER_TEXTS
-             for word in FORBIDDEN if word in doc.read_text()]
+def paths_outside_the_repository(text: str, where: Path) -> list[str]:
+    """The absolute paths of `text` outside the system's standard folders, and its `../`
+    paths that, read from `where`'s folder, leave the repository."""
+    found = [f"/{m.group(1)}/" for m in ABSOLUTE_PATH.finditer(text)
+             if m.group(1) not in SYSTEM_ROOTS | EXAMPLE_ROOTS]
+    found += [str(ROOT)] if str(ROOT) in text else []
+    for match in PARENT_PATH.finditer(text):
+        if not (where.parent / match.group(1)).resolve().is_relative_to(ROOT):
+            found.append(match.group(1))
+    return found
+
+
+def test_the_path_check_finds_planted_paths_outside_the_repository():
+    readme, doc = ROOT / "README.md", ROOT / "docs" / "method.md"
+    planted = ("Data in /home/alice/corpus, notes in `/Users/bob/notes.md`, see "
+               "[the spec](../../SPEC.md).")
+    assert paths_outside_the_repository(planted, doc) == ["/home/", "/Users/", "../../SPEC.md"]
+    assert paths_outside_the_repository("run `ls ../anchors/x.json`", readme) == [
+        "../anchors/x.json"]
+    assert paths_outside_the_repository(f"cd {ROOT}", readme)
+    fine = ("python -m gated_attention.main --workdir=/tmp/run > /dev/null; see "
+            "[configs](../configs/ablation.py), gs://bucket/data/x, https://arxiv.org/abs/2505.06708,"
+            " 2.1 tokens/s, $HOME/.cache/x, ~/data/y, $(VENV)/xpk/bin, <workdir>/analysis/a,"
+            " --tokenizer_path=/path/to/spm.model")
+    assert paths_outside_the_repository(fine, doc) == []
+
+
+def test_texts_name_no_path_outside_the_repository():
+    found = [f"{text.relative_to(ROOT)}: {path}" for text in USER_TEXTS
+             for path in paths_outside_the_repository(text.read_text(), text)]
     assert len(USER_TEXTS) > 100  # the globs found the code, not only the documents
     assert not found, "\n".join(found)

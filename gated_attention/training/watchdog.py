@@ -21,19 +21,35 @@ import io
 import os
 import sys
 import threading
+import time
 import traceback
+from collections.abc import Callable
 
 EXIT_CODE = 75  # EX_TEMPFAIL: a worker stuck on a dead peer; launching again resumes the run
 BACKUP_DELAY_S = 10.0
 
 
 class StepWatchdog:
+    """A deadline re-armed every step, checked by `check` against `clock`.
+
+    With `watch_in_thread` (the default) a daemon thread calls `check` when the deadline is
+    due or the watchdog was re-armed; without it the caller calls `check` (the tests, which
+    drive `clock` by hand instead of sleeping)."""
+
     def __init__(self, timeout: float, first_timeout: float, *, exit_code: int = EXIT_CODE,
-                 exit_fn=os._exit) -> None:
+                 exit_fn: Callable[[int], object] = os._exit,
+                 clock: Callable[[], float] = time.monotonic,
+                 watch_in_thread: bool = True) -> None:
         self.timeout, self.first_timeout = float(timeout), float(first_timeout)
-        self.exit_code, self._exit = exit_code, exit_fn
-        self._timer: threading.Timer | None = None
+        self.exit_code, self._exit, self._clock = exit_code, exit_fn, clock
         self.step, self.during = 0, ""
+        self._deadline: float | None = None
+        self._seconds = 0.0
+        self._lock = threading.Lock()
+        self._changed = threading.Event()
+        self._closed = False
+        self._watch_in_thread = watch_in_thread
+        self._thread: threading.Thread | None = None
 
     @property
     def enabled(self) -> bool:
@@ -61,26 +77,50 @@ class StepWatchdog:
         `during` names what is waited for, if not the next step."""
         if not self.enabled:
             return
-        self.disarm()
-        self.step, self.during = step, during
         seconds = self.first_timeout if first else self.timeout
-        self._timer = threading.Timer(seconds, self._fire, args=(seconds,))
-        self._timer.daemon = True
-        self._timer.start()
+        with self._lock:
+            self.step, self.during = step, during
+            self._seconds, self._deadline = seconds, self._clock() + seconds
         faulthandler.dump_traceback_later(seconds + BACKUP_DELAY_S, exit=True,
                                           file=sys.__stderr__)
+        self._changed.set()
+        if self._watch_in_thread and self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="step-watchdog",
+                                            daemon=True)
+            self._thread.start()
 
     def disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        with self._lock:
+            armed, self._deadline = self._deadline is not None, None
+        if armed:
             faulthandler.cancel_dump_traceback_later()
+        self._changed.set()
+
+    def check(self) -> float | None:
+        """Fire if the deadline has passed; else the seconds left (None: not armed)."""
+        with self._lock:
+            if self._deadline is None:
+                return None
+            left = self._deadline - self._clock()
+            if left > 0:
+                return left
+            self._deadline, seconds = None, self._seconds
+        self._fire(seconds)
+        return None
+
+    def _watch(self) -> None:
+        """The thread: check whenever the deadline is due or the watchdog changed."""
+        while not self._closed:
+            self._changed.wait(self.check())
+            self._changed.clear()
 
     def __enter__(self) -> StepWatchdog:
         return self
 
     def __exit__(self, *exc) -> None:
         self.disarm()
+        self._closed = True
+        self._changed.set()
 
 
 def for_run(train_cfg, process_count: int) -> StepWatchdog:
