@@ -91,7 +91,7 @@ def recording() -> Iterator[list[Call]]:
 
         def run(*args):
             call.args = args
-            zeros = [jnp.zeros(s.shape, s.dtype) for s in call.out_shape]
+            zeros = [None if s is None else jnp.zeros(s.shape, s.dtype) for s in call.out_shape]
             return zeros if isinstance(out_shape, list | tuple) else zeros[0]
         return run
 
@@ -131,6 +131,8 @@ def traffic(call: Call) -> int:
     steps = np.array(list(itertools.product(*map(range, call.grid))), np.int32)
     total = 0
     for spec, array in [*zip(call.in_specs, arrays), *zip(call.out_specs, call.out_shape)]:
+        if spec is None:  # an input or output this call leaves out (pallas_tpu's kernels)
+            continue
         if spec.index_map is None or spec.block_shape is None:  # SMEM: whole array, once
             continue
 
@@ -158,7 +160,8 @@ def visited(call: Call, phase: str) -> tuple[int, int]:
 def compiled_bytes(call: Call, device) -> float:
     """Compile the recorded call alone for `device`; the compiler's bytes accessed."""
     placed = jax.sharding.SingleDeviceSharding(device)
-    abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=placed) for a in call.args]
+    abstract = [None if a is None else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=placed)
+                for a in call.args]
     fn = pallas_tpu._call(call.kernel, call.static, call.grid, call.in_specs,
                           call.out_specs if len(call.out_specs) > 1 else call.out_specs[0],
                           call.out_shape if len(call.out_shape) > 1 else call.out_shape[0],

@@ -150,3 +150,39 @@ def test_auto_and_interpret_follow_the_target_platform_not_the_host():
     with pytest.raises(ValueError, match="platform='tpux'.*cpu, gpu, tpu"):
         with ops.compiling_for("tpux"):
             pass
+
+
+@pytest.mark.parametrize("impl", ["chunked", "pallas_tpu", "splash"])
+def test_arguments_are_checked_once_per_call(impl, monkeypatch):
+    """ops.attention checks at its door and calls the kernel's trusted entry point; a direct
+    call of the kernel's public `attention` checks once too."""
+    from gated_attention.ops import arguments, dispatch
+
+    calls = []
+    real = arguments.check_arguments
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(arguments, "check_arguments", counted)
+    monkeypatch.setattr(dispatch, "check_arguments", counted)
+    q = jnp.ones((1, 128, 2, 128), jnp.float32)
+    jax.eval_shape(lambda q: ops.attention(q, q, q, impl=impl), q)
+    assert len(calls) == 1
+    kernel = __import__(f"gated_attention.ops.{impl}", fromlist=["attention"])
+    jax.eval_shape(lambda q: kernel.attention(q, q, q), q)
+    assert len(calls) == 2
+
+
+def test_a_bad_argument_is_a_user_error_naming_what_is_allowed():
+    from gated_attention.core.errors import UserError
+
+    q = jnp.ones((1, 8, 2, 16), jnp.float32)
+    with pytest.raises(UserError, match=r"^normalizer='sofmax' is not allowed; choose one of "
+                                        r"softmax, softmax_off_by_one, learned_sink, softpick$"):
+        ops.attention(q, q, q, normalizer="sofmax")
+    with pytest.raises(UserError, match=r"^impl='flash' is not allowed; choose one of xla, "):
+        ops.attention(q, q, q, impl="flash")
+    with pytest.raises(UserError, match=r"query heads \(2\) must be a multiple of kv heads"):
+        ops.attention(q, jnp.ones((1, 8, 3, 16)), jnp.ones((1, 8, 3, 16)))

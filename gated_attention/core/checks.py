@@ -16,12 +16,14 @@ class ConfigError(UserError):
     """A config field is missing, out of range, or not one of its allowed values."""
 
 
-def choice(field: str, value: Any, allowed: Iterable[Any]) -> None:
-    """Raise ConfigError unless `value` is one of `allowed` (named in the message)."""
+def choice(field: str, value: Any, allowed: Iterable[Any],
+           error: type[UserError] = ConfigError) -> None:
+    """Raise `error` unless `value` is one of `allowed` (named in the message); `error` names
+    the area (a VariantError, or a plain UserError for a kernel argument)."""
     allowed = tuple(allowed)
     if value not in allowed:
-        raise ConfigError(f"{field}={value!r} is not allowed; choose one of "
-                          f"{', '.join(map(str, allowed))}")
+        raise error(f"{field}={value!r} is not allowed; choose one of "
+                    f"{', '.join(map(str, allowed))}")
 
 
 def require(ok: bool, message: str) -> None:

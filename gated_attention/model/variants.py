@@ -12,10 +12,10 @@ is one field here.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from gated_attention.core.checks import ConfigError
+from gated_attention.core.checks import ConfigError, choice
 
 # Kernel vocabularies live with the kernels (ops/); a variant only chooses among them.
 from gated_attention.ops import GATE_ACTIVATIONS as ACTIVATIONS
@@ -34,12 +34,6 @@ GATE_INITS = ("normal", "zeros")
 
 class VariantError(ConfigError):
     """A variant field holds a value outside its allowed set, or fields contradict."""
-
-
-def _check_choice(field: str, value: Any, allowed: Iterable[str]) -> None:
-    allowed = tuple(allowed)
-    if value not in allowed:
-        raise VariantError(f"{field}={value!r} is not allowed; choose one of {', '.join(allowed)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,15 +76,15 @@ class AttentionVariant:
     def __post_init__(self) -> None:
         position = POSITION_ALIASES.get(self.gate_position, self.gate_position)
         object.__setattr__(self, "gate_position", position)
-        _check_choice("gate_position", self.gate_position, GATE_POSITIONS)
-        _check_choice("granularity", self.granularity, GRANULARITIES)
-        _check_choice("sharing", self.sharing, SHARINGS)
-        _check_choice("combine", self.combine, COMBINES)
-        _check_choice("activation", self.activation, ACTIVATIONS)
-        _check_choice("gate_input", self.gate_input, GATE_INPUTS)
-        _check_choice("sdpa_transform", self.sdpa_transform, SDPA_TRANSFORMS)
-        _check_choice("normalizer", self.normalizer, NORMALIZERS)
-        _check_choice("switch_target", self.switch_target, SWITCH_TARGETS)
+        choice("gate_position", self.gate_position, GATE_POSITIONS, VariantError)
+        choice("granularity", self.granularity, GRANULARITIES, VariantError)
+        choice("sharing", self.sharing, SHARINGS, VariantError)
+        choice("combine", self.combine, COMBINES, VariantError)
+        choice("activation", self.activation, ACTIVATIONS, VariantError)
+        choice("gate_input", self.gate_input, GATE_INPUTS, VariantError)
+        choice("sdpa_transform", self.sdpa_transform, SDPA_TRANSFORMS, VariantError)
+        choice("normalizer", self.normalizer, NORMALIZERS, VariantError)
+        choice("switch_target", self.switch_target, SWITCH_TARGETS, VariantError)
         if self.granularity == "headwise" and self.sharing == "head_shared":
             raise VariantError(
                 "granularity='headwise' with sharing='head_shared' leaves one scalar for all "
@@ -127,7 +121,7 @@ class AttentionVariant:
                 )
 
     def _check_beyond_axes(self) -> None:
-        _check_choice("gate_init", self.gate_init, GATE_INITS)
+        choice("gate_init", self.gate_init, GATE_INITS, VariantError)
         if self.gate_input_dims < 0:
             raise VariantError(f"gate_input_dims={self.gate_input_dims} must be >= 0 "
                                "(0 = all of d_model)")
@@ -158,7 +152,7 @@ class AttentionVariant:
                                "gate_input='hidden'")
         extra = self.extra_positions
         for position in extra:
-            _check_choice("extra_gate_positions", position, GATE_POSITIONS[1:])
+            choice("extra_gate_positions", position, GATE_POSITIONS[1:], VariantError)
         if self.gate_position in extra or len(set(extra)) != len(extra):
             raise VariantError(f"extra_gate_positions={self.extra_gate_positions!r} repeats a "
                                f"gated position (gate_position={self.gate_position!r})")

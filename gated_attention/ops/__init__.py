@@ -4,6 +4,8 @@ Kernels here are plain functions of arrays (no Flax, no configs): reference.py (
 cudnn.py, pallas_gpu.py (Triton), pallas_tpu.py (Mosaic), splash.py (jax's splash attention).
 `impl="auto"` picks the fastest that serves every feature asked for (choices.py), for the
 platform being compiled for (target.py); sharded.py runs a kernel per device under a mesh.
+arguments.py holds the checks every kernel's arguments pass: `ops.attention` runs them once,
+then calls the kernel's `trusted_attention`.
 """
 
 from __future__ import annotations

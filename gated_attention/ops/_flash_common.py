@@ -28,8 +28,9 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from gated_attention.core.errors import UserError
-from gated_attention.ops.gating import GATE_ACTIVATIONS, apply_output_gate
-from gated_attention.ops.reference import NORMALIZERS, SOFTPICK_EPS
+from gated_attention.ops.arguments import checked
+from gated_attention.ops.gating import apply_output_gate
+from gated_attention.ops.reference import SOFTPICK_EPS
 
 # Finite stand-ins for -inf/+inf: exp() of anything minus them underflows cleanly to 0 and
 # their differences never produce NaN.
@@ -170,24 +171,16 @@ class Problem:
         return self.scale * LOG2E
 
 
-def check_kernel_args(name: str, q: jax.Array, k: jax.Array, normalizer: str,
-                      gate_activation: str, window: int = 0) -> None:
-    """Errors that only the kernels (not the XLA reference) raise, named for the user."""
-    if window < 0:
-        raise UserError(f"window={window} must be >= 0 (0 = no window)")
+def check_kernel_args(name: str, q: jax.Array, k: jax.Array) -> None:
+    """What only the flash kernels refuse (the arguments every kernel takes are checked by
+    ops/arguments.py), named for the user."""
     if k.shape[1] != q.shape[1]:
-        raise ValueError(f"impl={name!r} needs equal query and key lengths (self-attention); got "
-                         f"{q.shape[1]} and {k.shape[1]}. Use impl='xla' for cross lengths")
-    if normalizer not in NORMALIZERS:
-        raise ValueError(f"normalizer={normalizer!r} is not allowed; choose one of "
-                         f"{', '.join(NORMALIZERS)}")
-    if gate_activation not in GATE_ACTIVATIONS:
-        raise ValueError(f"gate_activation={gate_activation!r} is not allowed; choose one of "
-                         f"{', '.join(GATE_ACTIVATIONS)}")
+        raise UserError(f"impl={name!r} needs equal query and key lengths (self-attention); got "
+                        f"{q.shape[1]} and {k.shape[1]}. Use impl='xla' for cross lengths")
     for dt, what in ((q.dtype, "q"), (k.dtype, "k")):
         if dt not in (jnp.float32, jnp.bfloat16, jnp.float16, jnp.float64):
-            raise ValueError(f"{what}.dtype={dt} is not supported by impl={name!r}; use "
-                             "float32, bfloat16 or float16")
+            raise UserError(f"{what}.dtype={dt} is not supported by impl={name!r}; use "
+                            "float32, bfloat16 or float16")
 
 
 def round_up(x: int, multiple: int) -> int:
@@ -431,8 +424,11 @@ def make_flash_attention(forward, backward):
 
 def make_kernel_attention(name: str, min_block: int, padded_dim: Callable[[int], int],
                           forward: Callable[..., Any], backward: Callable[..., Any],
-                          platform: str) -> tuple[Callable[..., jax.Array], Any, Callable]:
-    """A kernel module's public `attention`, its custom-VJP core and its Static builder.
+                          platform: str) -> tuple[Callable[..., jax.Array],
+                                                  Callable[..., jax.Array], Any, Callable]:
+    """A kernel module's public `attention`, its `trusted_attention` (what `ops.attention`
+    calls once its door has checked the arguments), its custom-VJP core and its Static
+    builder.
 
     Both flash kernels serve the one `ops.attention` interface; only their forward and
     backward launchers, their smallest tile and their head-dim padding differ.
@@ -446,24 +442,26 @@ def make_kernel_attention(name: str, min_block: int, padded_dim: Callable[[int],
                             gate_activation, segment_ids, causal, normalizer, interpret,
                             block_sizes, window)
 
-    def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, gate: jax.Array | None = None,
-                  gate_activation: str = "sigmoid", segment_ids: jax.Array | None = None,
-                  causal: bool = True, normalizer: str = "softmax",
-                  sink_logits: jax.Array | None = None, interpret: bool | None = None,
-                  block_sizes: dict[str, int] | None = None, window: int = 0) -> jax.Array:
-        check_kernel_args(name, q, k, normalizer, gate_activation, window)
+    def trusted_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
+                          gate: jax.Array | None = None, gate_activation: str = "sigmoid",
+                          segment_ids: jax.Array | None = None, causal: bool = True,
+                          normalizer: str = "softmax", sink_logits: jax.Array | None = None,
+                          interpret: bool | None = None,
+                          block_sizes: dict[str, int] | None = None,
+                          window: int = 0) -> jax.Array:
+        check_kernel_args(name, q, k)
         static = static_of(q, k, gate, gate_activation, segment_ids, causal, normalizer,
                            interpret, block_sizes, window)
         return flash(static, q, k, v, segment_ids, gate, sink_logits)
 
-    attention.__doc__ = (
+    trusted_attention.__doc__ = (
         f"Gated flash attention on {platform}; the arguments mean what they mean in "
         "`ops.attention`.\n\n    interpret: run the kernels in Pallas interpret mode "
         "(None: exactly when compiling for a CPU; False is never overridden).\n"
         "    block_sizes: overrides of the tuned table in ops/block_sizes.py.\n"
         "    window > 0: sliding window; kv blocks wholly before a q block's window are "
         "skipped\n    (never loaded), as blocks above the causal diagonal are.\n    ")
-    return attention, flash, static_of
+    return checked(trusted_attention), trusted_attention, flash, static_of
 
 
 # Matmuls each phase runs per visible (query, key) pair: the forward QK^T and PV; the dq pass
@@ -530,8 +528,8 @@ def build_static(name: str, min_block: int, padded_dim: int, q: jax.Array, k: ja
     for key in ("block_q", "block_kv", "block_q_dq", "block_kv_dq", "block_q_dkv",
                 "block_kv_dkv"):
         if sizes[key] < min_block:
-            raise ValueError(f"block_sizes[{key!r}]={sizes[key]} must be >= {min_block} for "
-                             f"impl={name!r}")
+            raise UserError(f"block_sizes[{key!r}]={sizes[key]} must be >= {min_block} for "
+                            f"impl={name!r}")
     multiple = max(v for key, v in sizes.items() if key.startswith("block"))
     problem = Problem(
         batch=b, seq=s, padded=round_up(s, multiple), heads=h, kv_heads=k.shape[2],

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import jax
 
+from gated_attention.core.errors import UserError
+
 BLOCK_KEYS = ("block_q", "block_kv", "block_q_dq", "block_kv_dq", "block_q_dkv",
               "block_kv_dkv", "num_warps", "num_stages", "num_warps_bwd", "num_stages_bwd")
 # A forward key given alone also sets these backward keys.
@@ -104,21 +106,21 @@ def block_sizes_for(head_dim: int, overrides: dict[str, int] | None = None, *,
     """The tuned sizes for `kind` (default: the first device) and head_dim, then overrides."""
     kind = kind or device_kind_key()
     if kind not in TABLE:
-        raise ValueError(f"block sizes: unknown device kind {kind!r}; choose one of "
-                         f"{', '.join(TABLE)}")
+        raise UserError(f"block sizes: unknown device kind {kind!r}; choose one of "
+                        f"{', '.join(TABLE)}")
     row = TABLE[kind]
     nearest = min((d for d in row if d >= head_dim), default=max(row))
     sizes = dict(row[nearest])
     overrides = dict(overrides or {})
     unknown = set(overrides) - set(BLOCK_KEYS)
     if unknown:
-        raise ValueError(f"block_sizes has unknown key {sorted(unknown)[0]!r}; allowed: "
-                         f"{', '.join(BLOCK_KEYS)}")
+        raise UserError(f"block_sizes has unknown key {sorted(unknown)[0]!r}; allowed: "
+                        f"{', '.join(BLOCK_KEYS)}")
     for key, value in overrides.items():
         if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"block_sizes[{key!r}]={value!r} must be a positive int")
+            raise UserError(f"block_sizes[{key!r}]={value!r} must be a positive int")
         if key.startswith("block") and value & (value - 1):
-            raise ValueError(f"block_sizes[{key!r}]={value} must be a power of two")
+            raise UserError(f"block_sizes[{key!r}]={value} must be a power of two")
     for fwd_key, bwd_keys in FOLLOWS_FORWARD.items():
         if fwd_key in overrides:
             for bwd_key in bwd_keys:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from gated_attention.core.checks import choice
+from gated_attention.core.errors import UserError
 from gated_attention.ops.reference import NORMALIZERS
 
 ALL_NORMALIZERS = frozenset(NORMALIZERS)
@@ -78,9 +80,7 @@ PREFERENCE: dict[str, tuple[str, ...]] = {
 def choose(platform: str, *, normalizer: str, segments: bool, dtype: str | None,
            same_length: bool, x64: bool = False, window: bool = False) -> str:
     """The first implementation in PREFERENCE[platform] that serves every requested feature."""
-    if platform not in PREFERENCE:
-        raise ValueError(f"platform={platform!r} is not allowed; choose one of "
-                         f"{', '.join(PREFERENCE)}")
+    choice("platform", platform, PREFERENCE, UserError)
     for impl in PREFERENCE[platform]:
         if CAPABILITIES[impl].serves(normalizer=normalizer, segments=segments, dtype=dtype,
                                      same_length=same_length, platform=platform, x64=x64,

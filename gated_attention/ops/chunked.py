@@ -23,8 +23,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from gated_attention.core.errors import UserError
+from gated_attention.ops.arguments import checked
 from gated_attention.ops.gating import apply_output_gate
-from gated_attention.ops.reference import NORMALIZERS, SOFTPICK_EPS
+from gated_attention.ops.reference import SOFTPICK_EPS
 
 DEFAULT_BLOCK = 512
 
@@ -55,7 +57,7 @@ def _initial_carry(normalizer: str, sink_logits: jax.Array | None, shape: tuple[
     return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), acc  # softpick
 
 
-def attention(
+def trusted_attention(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
@@ -71,16 +73,12 @@ def attention(
     block_kv: int = DEFAULT_BLOCK,
     window: int = 0,
 ) -> jax.Array:
-    """Same contract as `reference.attention` ([b, s, h, d] -> [b, s, h, d]), blockwise."""
-    if normalizer not in NORMALIZERS:
-        raise ValueError(f"normalizer={normalizer!r} is not allowed; choose one of "
-                         f"{', '.join(NORMALIZERS)}")
-    if normalizer == "learned_sink" and sink_logits is None:
-        raise ValueError("normalizer='learned_sink' needs sink_logits of shape [heads]")
-    if window < 0:
-        raise ValueError(f"window={window} must be >= 0 (0 = no window)")
+    """Same contract as `reference.attention` ([b, s, h, d] -> [b, s, h, d]), blockwise.
+
+    The arguments every kernel takes are trusted (ops.attention checked them; `attention`
+    checks them for a direct call); the block sizes are checked here."""
     if block_q <= 0 or block_kv <= 0:
-        raise ValueError(f"block_q={block_q} and block_kv={block_kv} must be > 0")
+        raise UserError(f"block_q={block_q} and block_kv={block_kv} must be > 0")
     b, s, h, d = q.shape
     t, n = k.shape[1], k.shape[2]
     g = h // n
@@ -147,3 +145,6 @@ def attention(
     out = jax.lax.map(query_block, (jnp.arange(q_blocks.shape[0]), q_blocks, q_segments))
     out = jnp.einsum("cbngqd->bcqngd", out).reshape(b, -1, h, d)[:, :s]
     return apply_output_gate(out.astype(q.dtype), gate, gate_activation)
+
+
+attention = checked(trusted_attention)

@@ -20,6 +20,7 @@ from unittest import mock
 
 import jax
 
+from gated_attention.core.errors import UserError
 from gated_attention.ops.gating import apply_output_gate
 from gated_attention.ops.target import target_device_kind, target_override, target_platform
 
@@ -66,8 +67,8 @@ def check_target(impl: str, q: jax.Array) -> None:
     keeps it, another platform's compiler refuses the cuDNN call."""
     eager_off_gpu = not isinstance(q, jax.core.Tracer) and jax.default_backend() != "gpu"
     if (target_override() or "gpu") != "gpu" or (target_override() is None and eager_off_gpu):
-        raise ValueError(f"impl={impl!r} needs a GPU; the target is {target_platform()!r}. "
-                         "Use impl='xla' or 'auto'")
+        raise UserError(f"impl={impl!r} needs a GPU; the target is {target_platform()!r}. "
+                        "Use impl='xla' or 'auto'")
 
 
 def attention(
@@ -83,11 +84,11 @@ def attention(
     sink_logits: jax.Array | None = None,
 ) -> jax.Array:
     if segment_ids is not None:
-        raise ValueError("impl='cudnn' does not support segment_ids; use impl='cudnn_packed', "
-                         "'pallas_gpu', 'xla' or 'auto'")
+        raise UserError("impl='cudnn' does not support segment_ids; use impl='cudnn_packed', "
+                        "'pallas_gpu', 'xla' or 'auto'")
     if normalizer != "softmax":
-        raise ValueError(f"impl='cudnn' supports normalizer='softmax' only, not {normalizer!r}; "
-                         "use impl='pallas_gpu', 'xla' or 'auto'")
+        raise UserError(f"impl='cudnn' supports normalizer='softmax' only, not {normalizer!r}; "
+                        "use impl='pallas_gpu', 'xla' or 'auto'")
     check_target("cudnn", q)
     with target_checks():
         out = jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")

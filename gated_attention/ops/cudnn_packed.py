@@ -20,6 +20,7 @@ import inspect
 import jax
 import jax.numpy as jnp
 
+from gated_attention.core.errors import UserError
 from gated_attention.ops.cudnn import check_target, target_checks
 from gated_attention.ops.gating import apply_output_gate
 
@@ -37,16 +38,16 @@ def check_api() -> None:
     """Refuse a jax whose private cuDNN entry point this module was not checked against."""
     low, high = TESTED_JAX
     if not low <= _jax_version() < high:
-        raise ValueError(f"impl='cudnn_packed' uses jax's private cuDNN API, checked on jax "
-                         f"{'.'.join(map(str, low))} to before {'.'.join(map(str, high))}; this "
-                         f"is jax {jax.__version__}. Use impl='pallas_gpu', 'xla' or 'auto'")
+        raise UserError(f"impl='cudnn_packed' uses jax's private cuDNN API, checked on jax "
+                        f"{'.'.join(map(str, low))} to before {'.'.join(map(str, high))}; this "
+                        f"is jax {jax.__version__}. Use impl='pallas_gpu', 'xla' or 'auto'")
     from jax._src.cudnn import fused_attention_stablehlo as fused
 
     params = inspect.signature(fused.dot_product_attention).parameters
     missing = [a for a in PACKED_ARGS if a not in params]
     if missing:
-        raise ValueError(f"impl='cudnn_packed': jax {jax.__version__}'s cuDNN entry point has no "
-                         f"{missing[0]!r}; use impl='pallas_gpu', 'xla' or 'auto'")
+        raise UserError(f"impl='cudnn_packed': jax {jax.__version__}'s cuDNN entry point has no "
+                        f"{missing[0]!r}; use impl='pallas_gpu', 'xla' or 'auto'")
 
 
 def segment_offsets(segment_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -86,14 +87,14 @@ def attention(
 ) -> jax.Array:
     """Causal (or full) softmax attention within each segment, then `out * act(gate)`."""
     if normalizer != "softmax":
-        raise ValueError(f"impl='cudnn_packed' supports normalizer='softmax' only, not "
-                         f"{normalizer!r}; use impl='pallas_gpu', 'xla' or 'auto'")
+        raise UserError(f"impl='cudnn_packed' supports normalizer='softmax' only, not "
+                        f"{normalizer!r}; use impl='pallas_gpu', 'xla' or 'auto'")
     if q.dtype not in (jnp.bfloat16, jnp.float16):
-        raise ValueError(f"impl='cudnn_packed' takes bfloat16 or float16 inputs, not {q.dtype}; "
-                         "use impl='pallas_gpu', 'xla' or 'auto'")
+        raise UserError(f"impl='cudnn_packed' takes bfloat16 or float16 inputs, not {q.dtype}; "
+                        "use impl='pallas_gpu', 'xla' or 'auto'")
     if k.shape[1] != q.shape[1]:
-        raise ValueError("impl='cudnn_packed' needs equal query and key lengths; use "
-                         "impl='xla' or 'auto'")
+        raise UserError("impl='cudnn_packed' needs equal query and key lengths; use "
+                        "impl='xla' or 'auto'")
     check_api()
     check_target("cudnn_packed", q)
     from jax._src.cudnn import fused_attention_stablehlo as fused

@@ -25,16 +25,21 @@ from collections.abc import Mapping
 import jax
 import jax.numpy as jnp
 
+from gated_attention.core.checks import choice
+from gated_attention.core.errors import UserError
 from gated_attention.ops import choices
-from gated_attention.ops.gating import GATE_ACTIVATIONS
-from gated_attention.ops.reference import NORMALIZERS
+from gated_attention.ops.arguments import check_arguments
 from gated_attention.ops.sharded import Axes, per_device
 from gated_attention.ops.target import PLATFORMS, per_platform, target_platform
 
-# impl -> module under gated_attention.ops whose `attention(q, k, v, ...)` serves it.
-MODULES = {"xla": "reference", "cudnn": "cudnn", "cudnn_packed": "cudnn_packed",
-           "pallas_gpu": "pallas_gpu", "pallas_tpu": "pallas_tpu", "splash": "splash",
-           "chunked": "chunked"}
+# impl -> "module.function" under gated_attention.ops that serves it. A kernel whose public
+# `attention` repeats this door's checks (ops/arguments.py) is called through its
+# `trusted_attention`, which checks only what that kernel alone refuses.
+MODULES = {"xla": "reference.attention", "cudnn": "cudnn.attention",
+           "cudnn_packed": "cudnn_packed.attention",
+           "pallas_gpu": "pallas_gpu.trusted_attention",
+           "pallas_tpu": "pallas_tpu.trusted_attention", "splash": "splash.trusted_attention",
+           "chunked": "chunked.trusted_attention"}
 # Kernels XLA cannot partition: run per device under shard_map; they take interpret and
 # block_sizes.
 PER_DEVICE = ("pallas_gpu", "pallas_tpu", "splash")
@@ -58,51 +63,17 @@ def validate_attention_args(
     window: int = 0,
     splash_fused_backward: bool = False,
 ) -> None:
-    """Raise a ValueError naming the argument and its allowed values, before any tracing."""
-    if impl not in IMPLS:
-        raise ValueError(f"impl={impl!r} is not allowed; choose one of {', '.join(IMPLS)}")
+    """Raise a UserError naming the argument and its allowed values, before any tracing."""
+    choice("impl", impl, IMPLS, UserError)
     if not isinstance(splash_fused_backward, bool):
-        raise ValueError(f"splash_fused_backward must be True or False, not "
-                         f"{splash_fused_backward!r}")
-    if window < 0:
-        raise ValueError(f"window={window} must be >= 0 (0 = no window)")
+        raise UserError(f"splash_fused_backward must be True or False, not "
+                        f"{splash_fused_backward!r}")
+    check_arguments(q, k, v, gate=gate, gate_activation=gate_activation,
+                    segment_ids=segment_ids, normalizer=normalizer, sink_logits=sink_logits,
+                    window=window)
     if window and impl not in (*choices.WINDOW_IMPLS, "auto"):
-        raise ValueError(f"impl={impl!r} has no sliding window (window={window}); "
-                         f"choose one of {', '.join(choices.WINDOW_IMPLS)} or auto")
-    if normalizer not in NORMALIZERS:
-        raise ValueError(
-            f"normalizer={normalizer!r} is not allowed; choose one of {', '.join(NORMALIZERS)}"
-        )
-    if gate_activation not in GATE_ACTIVATIONS:
-        raise ValueError(
-            f"gate_activation={gate_activation!r} is not allowed; choose one of "
-            f"{', '.join(GATE_ACTIVATIONS)}"
-        )
-    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ValueError("q, k, v must be [batch, seq, heads, head_dim]; got shapes "
-                         f"{q.shape}, {k.shape}, {v.shape}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape; got {k.shape} and {v.shape}")
-    b, s, h, d = q.shape
-    if k.shape[0] != b or k.shape[3] != d:
-        raise ValueError(f"k/v batch and head_dim must match q; got q {q.shape}, k {k.shape}")
-    if h % k.shape[2]:
-        raise ValueError(f"query heads ({h}) must be a multiple of kv heads ({k.shape[2]})")
-    if gate is not None and gate.shape not in ((b, s, h, d), (b, s, h)):
-        raise ValueError(
-            f"gate must be [b, s, h, d]={(b, s, h, d)} (elementwise) or [b, s, h]={(b, s, h)} "
-            f"(headwise); got {gate.shape}"
-        )
-    if segment_ids is not None and segment_ids.shape != (b, s):
-        raise ValueError(f"segment_ids must be [batch, seq]={(b, s)}; got {segment_ids.shape}")
-    if normalizer == "learned_sink":
-        if sink_logits is None or sink_logits.shape != (h,):
-            got = None if sink_logits is None else sink_logits.shape
-            raise ValueError(f"normalizer='learned_sink' needs sink_logits of shape ({h},); "
-                             f"got {got}")
-    elif sink_logits is not None:
-        raise ValueError(f"sink_logits is only used with normalizer='learned_sink', "
-                         f"not {normalizer!r}")
+        raise UserError(f"impl={impl!r} has no sliding window (window={window}); "
+                        f"choose one of {', '.join(choices.WINDOW_IMPLS)} or auto")
 
 
 def resolve_impl(impl: str, *, segment_ids: jax.Array | None, normalizer: str,
@@ -181,7 +152,9 @@ def _attention_on_target(q: jax.Array, k: jax.Array, v: jax.Array,
                                       arrays["sink_logits"])
     impl = resolve_impl(impl, segment_ids=segment_ids, normalizer=normalizer, dtype=q.dtype,
                         same_length=k.shape[1] == q.shape[1], window=window)
-    module = importlib.import_module(f"gated_attention.ops.{MODULES[impl]}")
+    module_name, function = MODULES[impl].split(".")
+    kernel_attention = getattr(importlib.import_module(f"gated_attention.ops.{module_name}"),
+                               function)
     kwargs = dict(gate_activation=gate_activation, causal=causal, normalizer=normalizer)
     optional = dict(gate=gate, segment_ids=segment_ids, sink_logits=sink_logits)
     if window:
@@ -191,12 +164,12 @@ def _attention_on_target(q: jax.Array, k: jax.Array, v: jax.Array,
     if impl == "chunked":  # blockwise XLA (long contexts): the config's block_q / block_kv
         blocks = {name: size for name, size in (block_sizes or {}).items()
                   if name in ("block_q", "block_kv")}
-        return module.attention(q, k, v, **kwargs, **optional, **blocks)
+        return kernel_attention(q, k, v, **kwargs, **optional, **blocks)
     if impl not in PER_DEVICE:
-        return module.attention(q, k, v, **kwargs, **optional)
+        return kernel_attention(q, k, v, **kwargs, **optional)
 
     def kernel(q, k, v, **optional):
-        return module.attention(q, k, v, interpret=interpret, block_sizes=block_sizes,
+        return kernel_attention(q, k, v, interpret=interpret, block_sizes=block_sizes,
                                 **kwargs, **optional)
 
     return per_device(kernel, q, k, v, optional, mesh_axes)

@@ -9,6 +9,9 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from gated_attention.core.checks import choice
+from gated_attention.core.errors import UserError
+
 GATE_ACTIVATIONS = ("sigmoid", "silu", "identity", "ns_sigmoid")
 
 
@@ -27,10 +30,7 @@ _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 
 def gate_activation(name: str) -> Callable[[jax.Array], jax.Array]:
     """The activation function called `name` (one of GATE_ACTIVATIONS)."""
-    if name not in _ACTIVATIONS:
-        raise ValueError(
-            f"gate_activation={name!r} is not allowed; choose one of {', '.join(GATE_ACTIVATIONS)}"
-        )
+    choice("gate_activation", name, GATE_ACTIVATIONS, UserError)
     return _ACTIVATIONS[name]
 
 

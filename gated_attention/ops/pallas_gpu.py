@@ -338,5 +338,5 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
 
 
 # The one `ops.attention` interface over this module's launchers (see _flash_common).
-attention, _flash, _static = fc.make_kernel_attention(
+attention, trusted_attention, _flash, _static = fc.make_kernel_attention(
     NAME, MIN_BLOCK, lambda d: max(MIN_BLOCK, fc.next_pow2(d)), _forward, _backward, platform="GPU")

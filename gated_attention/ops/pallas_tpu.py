@@ -67,11 +67,6 @@ def _nn(a, b):
                                preferred_element_type=jnp.float32)
 
 
-def _div(a, n: int):
-    """Integer division of a non-negative index (lax.div: no sign fix-up, int32 kept)."""
-    return jax.lax.div(a, jnp.asarray(n, a.dtype))
-
-
 def _rem(a, n: int):
     return jax.lax.rem(a, jnp.asarray(n, a.dtype))
 
@@ -121,16 +116,13 @@ def _when_kv_visible(p: fc.Problem, step, i, j, lo, hi, bq: int, bkv: int) -> No
     pl.when(visible & jnp.logical_not(free))(functools.partial(step, True))
 
 
-def _fwd_kernel(lo_ref, hi_ref, *refs, p: fc.Problem, bq: int, bkv: int, nq: int, nkv: int,
-                steps: int, residuals: bool):
-    rest = list(refs)
-    q_ref, k_ref, v_ref = rest.pop(0), rest.pop(0), rest.pop(0)
-    qseg_ref, kseg_ref = (rest.pop(0), rest.pop(0)) if p.has_segments else (None, None)
-    gate_ref = rest.pop(0) if p.gate_kind else None
-    sink_ref = rest.pop(0) if p.normalizer == "learned_sink" else None
-    qseg_col = rest.pop() if p.has_segments else None
-    m_ref, l_ref, acc_ref = rest[-3:]
-    outs = rest[:-3]
+def _fwd_kernel(lo_ref, hi_ref,  # scalar prefetch
+                q_ref, k_ref, v_ref, qseg_ref, kseg_ref, gate_ref, sink_ref,  # inputs
+                out_ref, lse_ref, o_ref,  # outputs
+                m_ref, l_ref, acc_ref, qseg_col,  # scratch
+                *, p: fc.Problem, bq: int, bkv: int, nq: int, nkv: int, steps: int):
+    """A ref an option leaves out is None: segment ids, gate, sink; lse without residuals;
+    o unless the ungated output is stored (fc.stores_ungated); qseg_col without segments."""
     b, h, i, t = (pl.program_id(a) for a in range(4))
     lo, hi = lo_ref[b * nq + i], hi_ref[b * nq + i]
     j = _kv_index(t, lo, steps, nkv)
@@ -167,19 +159,19 @@ def _fwd_kernel(lo_ref, hi_ref, *refs, p: fc.Problem, bq: int, bkv: int, nq: int
             out = o * fc.gate_scores(gate_ref[...], p.gate_activation)
         elif p.gate_kind == "headwise":  # one score per row: a [bq, 1] column
             out = o * fc.gate_scores(_column(gate_ref[...]), p.gate_activation)
-        outs[0][...] = out.astype(outs[0].dtype)
-        if residuals:
-            outs[1][...] = lse.reshape(1, bq)
-            if len(outs) > 2:
-                outs[2][...] = o.astype(outs[2].dtype)
+        out_ref[...] = out.astype(out_ref.dtype)
+        if lse_ref is not None:
+            lse_ref[...] = lse.reshape(1, bq)
+        if o_ref is not None:
+            o_ref[...] = o.astype(o_ref.dtype)
 
 
-def _dq_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest,
-               p: fc.Problem, bq: int, bkv: int, nq: int, nkv: int, steps: int):
-    rest = list(rest)
-    qseg_ref, kseg_ref = (rest.pop(0), rest.pop(0)) if p.has_segments else (None, None)
-    qseg_col = rest.pop() if p.has_segments else None
-    dq_ref, acc_ref, lse_col, delta_col = rest
+def _dq_kernel(lo_ref, hi_ref,  # scalar prefetch
+               q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_ref,  # inputs
+               dq_ref,  # output
+               acc_ref, lse_col, delta_col, qseg_col,  # scratch
+               *, p: fc.Problem, bq: int, bkv: int, nq: int, nkv: int, steps: int):
+    """Segment-id refs are None without segment ids."""
     b, i, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     lo, hi = lo_ref[b * nq + i], hi_ref[b * nq + i]
     j = _kv_index(t, lo, steps, nkv)
@@ -210,13 +202,13 @@ def _dq_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, 
         dq_ref[...] = (acc_ref[...] * p.scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest,
-                p: fc.Problem, bq: int, bkv: int, nq: int, nkv: int, steps: int):
-    """Transposed tiles [bkv, bq]: lse, delta and the q segment ids broadcast as rows."""
-    rest = list(rest)
-    qseg_ref, kseg_ref = (rest.pop(0), rest.pop(0)) if p.has_segments else (None, None)
-    kseg_col = rest.pop() if p.has_segments else None
-    dk_ref, dv_ref, dk_acc, dv_acc = rest
+def _dkv_kernel(lo_ref, hi_ref,  # scalar prefetch
+                q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_ref,  # inputs
+                dk_ref, dv_ref,  # outputs
+                dk_acc, dv_acc, kseg_col,  # scratch
+                *, p: fc.Problem, bq: int, bkv: int, nq: int, nkv: int, steps: int):
+    """Transposed tiles [bkv, bq]: lse, delta and the q segment ids broadcast as rows.
+    Segment-id refs are None without segment ids."""
     b, j, r = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     lo, hi = lo_ref[b * nkv + j], hi_ref[b * nkv + j]
     i = _kv_index(_rem(r, steps), lo, steps, nq)  # the q block of this step
@@ -314,18 +306,18 @@ def _q_major_specs(p: fc.Problem, bq: int, bkv: int, nq: int, steps: int, nkv: i
     """BlockSpecs of a grid (b, h, q block, kv block), as the forward and dq kernels use it:
     q rows, per-row statistics (one lane-dense row per q block), kv blocks (clamped into the
     visible range, so skipped steps copy nothing new) and, with segment ids, the q and kv
-    blocks' ids (rows)."""
+    blocks' ids (rows; Nones without them, as the kernels take them)."""
     g, D = p.group, p.padded_dim
 
     def kv_block(b_, h_, i, t, lo_, hi_):
         lo, hi = lo_[b_ * nq + i], hi_[b_ * nq + i]
-        return (b_, _div(h_, g), _clamp(_kv_index(t, lo, steps, nkv), lo, hi), _0)
+        return (b_, fc.index_div(h_, g), _clamp(_kv_index(t, lo, steps, nkv), lo, hi), _0)
 
     row = pl.BlockSpec((None, None, bq, D), lambda b_, h_, i, j, *_: (b_, h_, i, _0))
     stat = pl.BlockSpec((None, None, None, 1, bq),
                         lambda b_, h_, i, j, *_: (b_, h_, i, _0, _0))
     kv = pl.BlockSpec((None, None, bkv, D), kv_block)
-    seg = []
+    seg = [None, None]
     if p.has_segments:
         seg = [pl.BlockSpec((None, None, 1, bq), lambda b_, h_, i, j, *_: (b_, i, _0, _0)),
                pl.BlockSpec((None, None, 1, bkv), lambda *a: (a[0], kv_block(*a)[2], _0, _0))]
@@ -341,41 +333,34 @@ def _forward(static: fc.Static, q, k, v, seg, gate, sink, residuals: bool):
     lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal, p.window)
     steps = fc.window_steps(p, bq, bkv, nkv)
     row, stat, kv, seg_specs = _q_major_specs(p, bq, bkv, nq, steps, nkv)
-    in_specs = [row, kv, kv, *seg_specs]
-    args = [_head_major(p, q), _head_major(p, k), _head_major(p, v)]
-    if segp is not None:
-        args += [qseg, kseg]
+    gate_spec = gate_arg = sink_spec = sink_arg = None
     if p.gate_kind == "elementwise":
-        in_specs.append(row)
-        args.append(_head_major(p, gate))
+        gate_spec, gate_arg = row, _head_major(p, gate)
     elif p.gate_kind == "headwise":
-        in_specs.append(stat)
-        args.append(_rows(fc.pad_axis(jnp.swapaxes(gate, 1, 2), 2, S), bq))
+        gate_spec, gate_arg = stat, _rows(fc.pad_axis(jnp.swapaxes(gate, 1, 2), 2, S), bq)
     if p.normalizer == "learned_sink":
-        in_specs.append(pl.BlockSpec((h,), lambda *_: (_0,), memory_space=pltpu.SMEM))
-        args.append(sink.astype(jnp.float32))
+        sink_spec = pl.BlockSpec((h,), lambda *_: (_0,), memory_space=pltpu.SMEM)
+        sink_arg = sink.astype(jnp.float32)
+    in_specs = [row, kv, kv, *seg_specs, gate_spec, sink_spec]
+    args = [_head_major(p, q), _head_major(p, k), _head_major(p, v), qseg, kseg, gate_arg,
+            sink_arg]
 
-    out_shape = [jax.ShapeDtypeStruct((b, h, S, D), q.dtype)]
-    out_specs = [row]
-    if residuals:
-        out_shape.append(jax.ShapeDtypeStruct((b, h, nq, 1, bq), jnp.float32))
-        out_specs.append(stat)
-        if fc.stores_ungated(p):
-            out_shape.append(jax.ShapeDtypeStruct((b, h, S, D), q.dtype))
-            out_specs.append(row)
+    ungated = residuals and fc.stores_ungated(p)
+    out_shape = [jax.ShapeDtypeStruct((b, h, S, D), q.dtype),
+                 jax.ShapeDtypeStruct((b, h, nq, 1, bq), jnp.float32) if residuals else None,
+                 jax.ShapeDtypeStruct((b, h, S, D), q.dtype) if ungated else None]
+    out_specs = [row, stat if residuals else None, row if ungated else None]
     scratch = [pltpu.VMEM((bq, 1), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
-               pltpu.VMEM((bq, D), jnp.float32)]
-    if segp is not None:
-        scratch.append(pltpu.VMEM((bq, 1), jnp.int32))
-    kernel = functools.partial(_fwd_kernel, p=p, bq=bq, bkv=bkv, nq=nq, nkv=nkv, steps=steps,
-                               residuals=residuals)
+               pltpu.VMEM((bq, D), jnp.float32),
+               pltpu.VMEM((bq, 1), jnp.int32) if segp is not None else None]
+    kernel = functools.partial(_fwd_kernel, p=p, bq=bq, bkv=bkv, nq=nq, nkv=nkv, steps=steps)
     outs = _call(kernel, static, (b, h, nq, steps), in_specs, out_specs, out_shape, scratch,
                  "gated_flash_fwd")(lo.reshape(-1), hi.reshape(-1), *args)
     out = _seq_major(p, outs[0])
     if not residuals:
         return out, None, None
     lse = outs[1].reshape(b, h, S)[:, :, :p.seq]
-    o = _seq_major(p, outs[2]) if fc.stores_ungated(p) else out
+    o = _seq_major(p, outs[2]) if ungated else out
     return out, lse, o
 
 
@@ -392,40 +377,37 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
     lo, hi, _, _ = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal, p.window)
     steps = fc.window_steps(p, bq, bkv, nkv)
     row, stat, kv, seg_specs = _q_major_specs(p, bq, bkv, nq, steps, nkv)
-    seg_args = [] if segp is None else [qseg, kseg]
     scratch = [pltpu.VMEM((bq, D), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
-               pltpu.VMEM((bq, 1), jnp.float32)]
-    if segp is not None:
-        scratch.append(pltpu.VMEM((bq, 1), jnp.int32))
+               pltpu.VMEM((bq, 1), jnp.float32),
+               pltpu.VMEM((bq, 1), jnp.int32) if segp is not None else None]
     kernel = functools.partial(_dq_kernel, p=p, bq=bq, bkv=bkv, nq=nq, nkv=nkv, steps=steps)
     dq = _call(kernel, static, (b, h, nq, steps), [row, kv, kv, row, stat, stat, *seg_specs], row,
                jax.ShapeDtypeStruct((b, h, S, D), q.dtype), scratch, "gated_flash_dq")(
                    lo.reshape(-1), hi.reshape(-1), qh, kh, vh, doh,
-                   _stats(p, lse, bq, fc.EMPTY_ROW_LSE), _stats(p, delta, bq), *seg_args)
+                   _stats(p, lse, bq, fc.EMPTY_ROW_LSE), _stats(p, delta, bq), qseg, kseg)
 
     # dk, dv: grid (b, kv head, kv block, group member x q block), tiles transposed
     bq, bkv = static.size("block_q_dkv"), static.size("block_kv_dkv")
     nq, nkv = S // bq, S // bkv
     segp, qseg, kseg = _segments(p, seg, bq, bkv)
-    seg_args = [] if segp is None else [qseg, kseg]
     _, _, qlo, qhi = fc.block_ranges(segp, b, S, p.seq, bq, bkv, p.causal, p.window)
     steps = fc.window_steps(p, bkv, bq, nq)
 
     def q_block(b_, n_, j, r, lo_, hi_):
         lo, hi = lo_[b_ * nkv + j], hi_[b_ * nkv + j]
         i = _clamp(_kv_index(_rem(r, steps), lo, steps, nq), lo, hi)
-        return (b_, n_ * g + _div(r, steps), i, _0)
+        return (b_, n_ * g + fc.index_div(r, steps), i, _0)
 
     qrow = pl.BlockSpec((None, None, bq, D), q_block)
     qstat = pl.BlockSpec((None, None, None, 1, bq), lambda *a: (*q_block(*a), _0))
     kvrow = pl.BlockSpec((None, None, bkv, D), lambda b_, n_, j, r, *_: (b_, n_, j, _0))
-    seg_specs, scratch = [], [pltpu.VMEM((bkv, D), jnp.float32),
-                              pltpu.VMEM((bkv, D), jnp.float32)]
+    seg_specs = [None, None]
+    scratch = [pltpu.VMEM((bkv, D), jnp.float32), pltpu.VMEM((bkv, D), jnp.float32), None]
     if segp is not None:
         seg_specs = [pl.BlockSpec((None, None, 1, bq),
                                   lambda *a: (a[0], q_block(*a)[2], _0, _0)),
                      pl.BlockSpec((None, None, 1, bkv), lambda b_, n_, j, r, *_: (b_, j, _0, _0))]
-        scratch.append(pltpu.VMEM((bkv, 1), jnp.int32))
+        scratch[2] = pltpu.VMEM((bkv, 1), jnp.int32)
     kernel = functools.partial(_dkv_kernel, p=p, bq=bq, bkv=bkv, nq=nq, nkv=nkv, steps=steps)
     dk, dv = _call(
         kernel, static, (b, n, nkv, g * steps),
@@ -433,10 +415,10 @@ def _backward(static: fc.Static, q, k, v, seg, sink, do, lse, delta):
         [jax.ShapeDtypeStruct(kh.shape, k.dtype), jax.ShapeDtypeStruct(vh.shape, v.dtype)],
         scratch, "gated_flash_dkv",
     )(qlo.reshape(-1), qhi.reshape(-1), qh, kh, vh, doh, _stats(p, lse, bq, fc.EMPTY_ROW_LSE),
-      _stats(p, delta, bq), *seg_args)
+      _stats(p, delta, bq), qseg, kseg)
     return _seq_major(p, dq), _seq_major(p, dk), _seq_major(p, dv)
 
 
 # The one `ops.attention` interface over this module's launchers (see _flash_common).
-attention, _flash, _static = fc.make_kernel_attention(
+attention, trusted_attention, _flash, _static = fc.make_kernel_attention(
     NAME, MIN_BLOCK, lambda d: d, _forward, _backward, platform="TPU")

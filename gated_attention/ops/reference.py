@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from gated_attention.core.errors import UserError
 from gated_attention.ops.gating import apply_output_gate
 
 NORMALIZERS = ("softmax", "softmax_off_by_one", "learned_sink", "softpick")
@@ -82,7 +83,7 @@ def normalize(
         return e / (jnp.exp(-m) + jnp.sum(e, axis=-1, keepdims=True))
     if normalizer == "learned_sink":
         if sink_logits is None:
-            raise ValueError("normalizer='learned_sink' needs sink_logits of shape [heads]")
+            raise UserError("normalizer='learned_sink' needs sink_logits of shape [heads]")
         n, g = logits.shape[1], logits.shape[2]
         sink = sink_logits.astype(logits.dtype).reshape(1, n, g, 1, 1)
         m = jnp.maximum(m, sink)
@@ -93,7 +94,7 @@ def normalize(
         shifted = jnp.where(mask, jnp.exp(masked - m) - jnp.exp(-m), 0.0)
         denom = jnp.sum(jnp.abs(shifted), axis=-1, keepdims=True) + SOFTPICK_EPS * jnp.exp(-m)
         return jax.nn.relu(shifted) / denom
-    raise ValueError(f"normalizer={normalizer!r} is not allowed; choose one of {NORMALIZERS}")
+    raise UserError(f"normalizer={normalizer!r} is not allowed; choose one of {NORMALIZERS}")
 
 
 def attention_weights(

@@ -30,8 +30,10 @@ import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
+from gated_attention.core.errors import UserError
 from gated_attention.ops import _flash_common as fc
 from gated_attention.ops import choices, reference
+from gated_attention.ops.arguments import checked
 from gated_attention.ops.gating import apply_output_gate
 
 NAME = "splash"
@@ -85,7 +87,7 @@ def _sinks(normalizer: str, heads: int, sink_logits: jax.Array | None) -> jax.Ar
     return None
 
 
-def attention(
+def trusted_attention(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
@@ -106,14 +108,16 @@ def attention(
     interpret: run in the Pallas TPU interpret mode (None: exactly when the target is a CPU).
     block_sizes: {"block_q": n} caps splash's square tile (512 / 256 / 128).
     fused_backward: dq, dk and dv in one backward kernel (default: dq in its own; above).
+    The arguments every kernel takes are trusted (ops.attention checked them; `attention`
+    checks them for a direct call); what splash alone refuses is checked here.
     """
-    fc.check_kernel_args(NAME, q, k, normalizer, gate_activation)
+    fc.check_kernel_args(NAME, q, k)
     if normalizer not in NORMALIZERS:
-        raise ValueError(f"impl='splash' supports normalizer in {', '.join(NORMALIZERS)}, not "
-                         f"{normalizer!r}; use impl='pallas_tpu', 'xla' or 'auto'")
+        raise UserError(f"impl='splash' supports normalizer in {', '.join(NORMALIZERS)}, not "
+                        f"{normalizer!r}; use impl='pallas_tpu', 'xla' or 'auto'")
     if jax.config.jax_enable_x64:
-        raise ValueError("impl='splash' does not trace with jax_enable_x64 on (jax's kernel "
-                         "mixes int32 and int64 indices); use impl='pallas_tpu' or 'auto'")
+        raise UserError("impl='splash' does not trace with jax_enable_x64 on (jax's kernel "
+                        "mixes int32 and int64 indices); use impl='pallas_tpu' or 'auto'")
     b, s, h, d = q.shape
     padded = fc.round_up(s, LANES)
     preferred = (block_sizes or {}).get("block_q", 512)
@@ -135,3 +139,6 @@ def attention(
         head_major(q, d ** -0.5), head_major(k), head_major(v), seg, sinks)
     out = jnp.einsum("bhsd->bshd", out[:, :, :s])
     return apply_output_gate(out, gate, gate_activation)
+
+
+attention = checked(trusted_attention)

@@ -23,6 +23,9 @@ from typing import Any
 
 import jax
 
+from gated_attention.core.checks import choice
+from gated_attention.core.errors import UserError
+
 PLATFORMS = ("cpu", "gpu", "tpu")
 
 _TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("target_platform",
@@ -49,9 +52,8 @@ def target_override() -> str | None:
     """The platform `compiling_for` (else GATED_ATTENTION_TARGET) set, or None: then the
     lowering platform decides."""
     platform = _TARGET.get() or os.environ.get(ENV_TARGET) or None
-    if platform is not None and platform not in PLATFORMS:
-        raise ValueError(f"{ENV_TARGET}={platform!r} is not allowed; choose one of "
-                         f"{', '.join(PLATFORMS)}")
+    if platform is not None:
+        choice(ENV_TARGET, platform, PLATFORMS, UserError)
     return platform
 
 
@@ -131,9 +133,8 @@ def compiling_for(platform: str | None, device_kind: str | None = None) -> Itera
     device_kind: the target device as jax names it ("NVIDIA H200", "TPU v5 lite"), which
     picks its tile sizes; None: the host's device when it is the target, else the platform's
     generic row."""
-    if platform is not None and platform not in PLATFORMS:
-        raise ValueError(f"platform={platform!r} is not allowed; choose one of "
-                         f"{', '.join(PLATFORMS)}")
+    if platform is not None:
+        choice("platform", platform, PLATFORMS, UserError)
     token, kind_token = _TARGET.set(platform), _KIND.set(device_kind)
     try:
         yield
