@@ -30,6 +30,8 @@ from flax import nnx
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from gated_attention.core.errors import UserError
+
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
 DCN_KEYS = tuple(f"dcn_{axis}" for axis in MESH_AXES)
 LOGICAL_NAMES = ("batch", "length", "embed", "embed_out", "heads", "kv_heads", "head_dim",
@@ -75,8 +77,8 @@ def _check_keys(mesh_config: Mapping[str, Any]) -> None:
     allowed = set(MESH_AXES) | set(DCN_KEYS) | {"rules"}
     unknown = set(mesh_config) - allowed
     if unknown:
-        raise ValueError(f"mesh.{sorted(unknown)[0]} is not a mesh setting; allowed: "
-                         f"{', '.join(MESH_AXES + DCN_KEYS)}, rules")
+        raise UserError(f"mesh.{sorted(unknown)[0]} is not a mesh setting; allowed: "
+                        f"{', '.join(MESH_AXES + DCN_KEYS)}, rules")
 
 
 def dcn_shape(mesh_config: Mapping[str, Any]) -> tuple[int, ...]:
@@ -84,7 +86,7 @@ def dcn_shape(mesh_config: Mapping[str, Any]) -> tuple[int, ...]:
     _check_keys(mesh_config)
     shape = _sizes(mesh_config, DCN_KEYS)
     if any(s < 1 for s in shape):
-        raise ValueError(f"mesh.dcn_* sizes must be >= 1; got {dict(zip(DCN_KEYS, shape))}")
+        raise UserError(f"mesh.dcn_* sizes must be >= 1; got {dict(zip(DCN_KEYS, shape))}")
     return tuple(shape)
 
 
@@ -97,23 +99,23 @@ def mesh_shape(mesh_config: Mapping[str, Any], num_devices: int) -> tuple[int, .
     _check_keys(mesh_config)
     num_slices = math.prod(dcn_shape(mesh_config))
     if num_devices % num_slices:
-        raise ValueError(f"mesh: {num_devices} devices do not split into {num_slices} slices "
-                         f"(product of mesh.dcn_*)")
+        raise UserError(f"mesh: {num_devices} devices do not split into {num_slices} slices "
+                        f"(product of mesh.dcn_*)")
     per_slice = num_devices // num_slices
     shape = _sizes(mesh_config, MESH_AXES)
     if shape.count(-1) > 1:
-        raise ValueError("mesh: at most one axis may be -1 (fill the remaining devices)")
+        raise UserError("mesh: at most one axis may be -1 (fill the remaining devices)")
     if any(s == 0 or s < -1 for s in shape):
-        raise ValueError(f"mesh sizes must be positive or -1; got {dict(zip(MESH_AXES, shape))}")
+        raise UserError(f"mesh sizes must be positive or -1; got {dict(zip(MESH_AXES, shape))}")
     known = math.prod(s for s in shape if s != -1)
     if -1 in shape:
         if per_slice % known:
-            raise ValueError(f"mesh: {per_slice} devices per slice do not divide by the fixed "
-                             f"axes product {known}")
+            raise UserError(f"mesh: {per_slice} devices per slice do not divide by the fixed "
+                            f"axes product {known}")
         shape[shape.index(-1)] = per_slice // known
     if math.prod(shape) != per_slice:
-        raise ValueError(f"mesh {dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} devices "
-                         f"per slice; {per_slice} are available")
+        raise UserError(f"mesh {dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} devices "
+                        f"per slice; {per_slice} are available")
     return tuple(shape)
 
 
@@ -155,8 +157,8 @@ def parse_rules(text: str) -> tuple[tuple[str, tuple[str, ...] | None], ...]:
     out = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         if "=" not in part:
-            raise ValueError(f"mesh.rules part {part!r} must look like name=axis[+axis] "
-                             f"(logical names: {', '.join(LOGICAL_NAMES)})")
+            raise UserError(f"mesh.rules part {part!r} must look like name=axis[+axis] "
+                            f"(logical names: {', '.join(LOGICAL_NAMES)})")
         name, axes = (s.strip() for s in part.split("=", 1))
         out.append((name, tuple(a for a in axes.split("+") if a) or None))
     return tuple(out)
@@ -165,12 +167,12 @@ def parse_rules(text: str) -> tuple[tuple[str, tuple[str, ...] | None], ...]:
 def _validate_rules(rules: Rules) -> None:
     for name, axes in rules:
         if name not in LOGICAL_NAMES:
-            raise ValueError(f"mesh.rules: {name!r} is not a logical axis name; names: "
-                             f"{', '.join(LOGICAL_NAMES)}")
+            raise UserError(f"mesh.rules: {name!r} is not a logical axis name; names: "
+                            f"{', '.join(LOGICAL_NAMES)}")
         for axis in (axes,) if isinstance(axes, str) else tuple(axes or ()):
             if axis not in MESH_AXES:
-                raise ValueError(f"mesh.rules: {name}={axis!r} is not a mesh axis; axes: "
-                                 f"{', '.join(MESH_AXES)}")
+                raise UserError(f"mesh.rules: {name}={axis!r} is not a mesh axis; axes: "
+                                f"{', '.join(MESH_AXES)}")
 
 
 def rules_from_config(mesh_config: Mapping[str, Any] | None) -> Rules:

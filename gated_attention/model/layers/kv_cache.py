@@ -32,6 +32,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from gated_attention.core.errors import UserError
 from gated_attention.model.layers.rope import NO_SCALING, RopeScaling, apply_rope, attention_factor
 from gated_attention.ops import reference
 from gated_attention.ops.gating import apply_output_gate
@@ -53,11 +54,11 @@ class KVCache:
               keep_first: int = 0) -> KVCache:
         """max_len slots; with evict_window W the cache has keep_first + W slots instead."""
         if evict_window < 0 or keep_first < 0:
-            raise ValueError(f"evict_window={evict_window} and keep_first={keep_first} must "
-                             "be >= 0")
+            raise UserError(f"evict_window={evict_window} and keep_first={keep_first} must "
+                            "be >= 0")
         if keep_first and not evict_window:
-            raise ValueError(f"keep_first={keep_first} needs evict_window > 0 (without "
-                             "eviction every token is kept)")
+            raise UserError(f"keep_first={keep_first} needs evict_window > 0 (without "
+                            "eviction every token is kept)")
         if evict_window:
             max_len = keep_first + evict_window
         zeros = jnp.zeros((batch, max_len, kv_heads, head_dim), dtype)

@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gated_attention.core.errors import UserError
+
 ROPE_SCALING_TYPES = ("none", "linear", "ntk", "yarn")
 
 
@@ -43,23 +45,23 @@ class RopeScaling:
     def __post_init__(self) -> None:
         field = "model.rope_scaling"
         if self.type not in ROPE_SCALING_TYPES:
-            raise ValueError(f"{field}.type={self.type!r} is not allowed; choose one of "
-                             f"{', '.join(ROPE_SCALING_TYPES)}")
+            raise UserError(f"{field}.type={self.type!r} is not allowed; choose one of "
+                            f"{', '.join(ROPE_SCALING_TYPES)}")
         if not self.factor >= 1.0:
-            raise ValueError(f"{field}.factor={self.factor} must be >= 1 (target length / "
-                             "original length)")
+            raise UserError(f"{field}.factor={self.factor} must be >= 1 (target length / "
+                            "original length)")
         if self.original_max_position < 0:
-            raise ValueError(f"{field}.original_max_position={self.original_max_position} "
-                             "must be >= 0")
+            raise UserError(f"{field}.original_max_position={self.original_max_position} "
+                            "must be >= 0")
         if self.type == "yarn" and self.original_max_position <= 0:
-            raise ValueError(f"{field}.original_max_position must be > 0 for type='yarn' (the "
-                             f"length the model was trained at); got {self.original_max_position}")
+            raise UserError(f"{field}.original_max_position must be > 0 for type='yarn' (the "
+                            f"length the model was trained at); got {self.original_max_position}")
         if not 0 < self.beta_slow < self.beta_fast:
-            raise ValueError(f"{field}.beta_fast={self.beta_fast} and beta_slow="
-                             f"{self.beta_slow} must satisfy 0 < beta_slow < beta_fast")
+            raise UserError(f"{field}.beta_fast={self.beta_fast} and beta_slow="
+                            f"{self.beta_slow} must satisfy 0 < beta_slow < beta_fast")
         if self.attention_factor < 0:
-            raise ValueError(f"{field}.attention_factor={self.attention_factor} must be >= 0 "
-                             "(0 = YaRN's default 0.1 ln(factor) + 1)")
+            raise UserError(f"{field}.attention_factor={self.attention_factor} must be >= 0 "
+                            "(0 = YaRN's default 0.1 ln(factor) + 1)")
 
     def to_dict(self) -> dict[str, float | int | str]:
         return dataclasses.asdict(self)
