@@ -62,7 +62,7 @@ $(TEST_STAMP): $(CORE_STAMP)
 	$(call STEP,5/5: checking that each imports)
 	$(PY) -c "import pytest, xdist, nbclient, seqio, tensorflow_datasets, libtpu"
 	$(VENV)/xpk/bin/xpk version >/dev/null
-	$(PY) -c "from gated_attention import cuda_compile; assert cuda_compile.enable(); \
+	$(PY) -c "from gated_attention.compile import cuda as cuda_compile; assert cuda_compile.enable(); \
 		import jax_plugins.xla_cuda12, jax_cuda12_plugin"
 	$(DONE)
 	rm -f $(VENV)/.test-* $(VENV)/.step-start && touch $@

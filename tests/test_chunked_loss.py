@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gated_attention.config import run_config
+from gated_attention.config import archs, run_config
 from gated_attention.model.transformer import Transformer
 from gated_attention.training import losses
 from gated_attention.training import step as step_lib
@@ -231,8 +231,8 @@ def test_bad_chunk_sizes_are_refused_naming_the_field(bad):
 def test_paper_recipes_chunk_the_loss():
     for arch in ("dense_1p7b_28l", "dense_1p7b_48l", "moe_15a2b"):
         train_section = run_config.base_config(arch).train
-        assert train_section.loss_chunk_size == run_config.PAPER_LOSS_CHUNK
-        assert train_section.loss_tiles == run_config.PAPER_LOSS_TILES == "vocab"
+        assert train_section.loss_chunk_size == archs.PAPER_LOSS_CHUNK
+        assert train_section.loss_tiles == archs.PAPER_LOSS_TILES == "vocab"
     assert run_config.base_config("tiny").train.loss_chunk_size == 0
     assert run_config.base_config("tiny").train.loss_tiles == "vocab"
 

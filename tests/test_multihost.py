@@ -138,7 +138,7 @@ def test_a_tpu_target_compile_leaves_no_pod_environment_to_children():
     from gated_attention.compile import target as target_compile
 
     target_compile.tpu_devices("v5e:2x2")
-    probe = ("import os, sys; from gated_attention import distributed; "
+    probe = ("import os, sys; from gated_attention.parallel import distributed; "
              "print(distributed.on_tpu_pod(), sorted(k for k in distributed.LIBTPU_PLACEHOLDER_ENV"
              " if k in os.environ))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
@@ -275,7 +275,7 @@ def test_two_slurm_tasks_join_one_job_on_their_own(tmp_path):
     """Two processes with nothing but srun's variables (one node, localhost) join one jax job
     through --multihost=auto's decision and jax's SLURM detection: 2 processes, ids 0 and 1,
     rather than two independent single-process runs."""
-    probe = ("from gated_attention import distributed; import jax; "
+    probe = ("from gated_attention.parallel import distributed; import jax; "
              "joined = distributed.initialize(None); "
              "print(joined, jax.process_index(), jax.process_count(), flush=True)")
     job = 4096 * 7 + (free_port() % 4096)  # the coordinator port jax derives from the job id
