@@ -19,6 +19,9 @@ numbers (another kind of CPU still can in the last bit: docs/reproducibility.md)
 `--xla_flags= --cores=0` trains as the host likes.
 
     sinks_cpu  docs/sinks.md     the seven Table 4 rows of experiments/grids/sinks_cpu.py, seeds 0-4
+    sinks_heads_cpu  docs/sinks.md  experiments/grids/sinks_heads_cpu.py at 4 heads per layer:
+                                 baseline and G1 head-shared, seed 0 (only with --only:
+                                 not part of a plain `make tables`)
     lr_cpu     docs/analysis.md  experiments/grids/lr_cpu.py shortened (batch 4, 200 steps),
                                  baseline and G1 elementwise at lr x1, x8 (seed 0), x32, x128
                                  (seeds 0, 1): 12 runs of 1 to 9 minutes on a shared 2-core CPU
@@ -43,15 +46,24 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 SINK_VARIANTS = ("baseline", "g1_sdpa_elementwise", "g1_sdpa_headwise", "g1_sdpa_head_shared",
                  "g2_value_elementwise", "g1_input_independent", "g1_ns_sigmoid")
 LR_VARIANTS = ("baseline", "g1_sdpa_elementwise")
+HEAD_VARIANTS = ("baseline", "g1_sdpa_head_shared")
+HEAD_SEEDS = (0,)  # the seeds trained so far; more: extend, and `make tables` trains them
 # name -> kind ("paired" or "lr_sweep"), docs page, grid file, seeds, run_grid's other
 # arguments, the runs (--only) and how the command line names them, and for "paired" the
-# metrics of the table.
+# metrics of the table; "default": False keeps a table out of a plain `make tables`.
 TABLES: dict[str, dict[str, Any]] = {
     "sinks_cpu": {
         "kind": "paired", "page": "docs/sinks.md", "grid": "experiments/grids/sinks_cpu.py",
         "seeds": "0,1,2,3,4", "args": (),
         "only": tuple(f"sink_tiny-h2-{v}-s{s}" for v in SINK_VARIANTS for s in range(5)),
         "only_text": "its 7 Table 4 rows",
+        "metrics": ("f_attn", "sink_rate", "m_act", "eval_loss"),
+    },
+    "sinks_heads_cpu": {
+        "kind": "paired", "page": "docs/sinks.md", "grid": "experiments/grids/sinks_heads_cpu.py",
+        "seeds": ",".join(map(str, HEAD_SEEDS)), "args": (), "default": False,
+        "only": tuple(f"sink_tiny-h4-{v}-s{s}" for v in HEAD_VARIANTS for s in HEAD_SEEDS),
+        "only_text": "baseline and G1 head-shared at 4 heads per layer",
         "metrics": ("f_attn", "sink_rate", "m_act", "eval_loss"),
     },
     "lr_cpu": {
@@ -236,7 +248,8 @@ def make(name: str, root: pathlib.Path, run: bool, xla_flags: str = cpu_pinning.
     args, command = grid_command(name, grid_root)
     if run:
         with cpu_pinning.on_cores(cores):
-            subprocess.run([sys.executable, "-m", "experiments.run_grid", *args],
+            subprocess.run([sys.executable, "-m", "experiments.run_grid", *args,
+                            "--parallel", "1"],
                            cwd=REPO, check=False, env={**os.environ, "XLA_FLAGS": xla_flags})
     result = summarize.summarize(grid_root)
     page = REPO / spec["page"]
@@ -249,7 +262,8 @@ def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
     """The command's flags, on `flag_values` (importing the module defines none)."""
     flags.DEFINE_string("root", "runs/tables", "Where the grids' runs go.",
                         flag_values=flag_values)
-    flags.DEFINE_string("only", "", "Comma-separated table names.", flag_values=flag_values)
+    flags.DEFINE_string("only", "", "Comma-separated table names (default: every table "
+                        "but those marked default False).", flag_values=flag_values)
     flags.DEFINE_bool("no_run", False, "Summarise existing roots only.",
                       flag_values=flag_values)
     flags.DEFINE_string("xla_flags", cpu_pinning.PINNED, "XLA_FLAGS the grids' runs train "
@@ -263,7 +277,8 @@ def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
 def main(argv: Sequence[str] | None = None) -> int:
     cli = cli_flags.Command("experiments.make_tables", __doc__)
     args = cli.parse(define_flags(flags.FlagValues()), argv)
-    names = [n for n in args.only.split(",") if n] or list(TABLES)
+    names = ([n for n in args.only.split(",") if n]
+             or [n for n, spec in TABLES.items() if spec.get("default", True)])
     unknown = set(names) - set(TABLES)
     if unknown:
         cli.error(f"--only names {sorted(unknown)}; tables: {', '.join(TABLES)}")
