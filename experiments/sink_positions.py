@@ -34,7 +34,7 @@ import numpy as np
 from absl import flags
 
 from experiments import paired_stats
-from gated_attention import cli_flags
+from gated_attention.cli import flags as cli_flags
 
 KINDS = ("bos", "copy", "first_trigger", "other")
 RUN_NAME = "sink_tiny-h2-{variant}-s{seed}"
@@ -120,11 +120,13 @@ def measure_run(workdir: pathlib.Path, batches: int = 8, batch_size: int = 8) ->
     import jax.numpy as jnp
     from flax import nnx
 
-    from gated_attention import analyze, capture, train
-    from gated_attention.data import bigram_backcopy
+    from gated_attention.analysis import run_analysis
+    from gated_attention.data.synthetic import bigram_backcopy
+    from gated_attention.model import capture
+    from gated_attention.training import loop
 
-    model, config = train.load_params(workdir)
-    held_out, chain, _ = analyze.analysis_batches(config, workdir, batch_size, batches)
+    model, config = loop.load_params(workdir)
+    held_out, chain, _ = run_analysis.analysis_batches(config, workdir, batch_size, batches)
     names = frozenset({"resid_after_ffn", "gate_scores"})
 
     @nnx.jit
@@ -261,4 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from gated_attention.cli.platform import keep_libtpu_out_of_cpu_runs
+
+    keep_libtpu_out_of_cpu_runs()  # before jax starts: a CPU run never tries libtpu
     sys.exit(main())
