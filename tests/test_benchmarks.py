@@ -135,7 +135,7 @@ def test_check_retries_a_case_that_fails_with_small_tiles(monkeypatch, capsys):
     assert not attention.check(small=True, blocks={"block_q": 8})
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| GQA")]
     assert len(rows) == 2
-    assert "failed: ValueError" in rows[0] and "must be >= 16" in rows[0]
+    assert "failed: UserError" in rows[0] and "must be >= 16" in rows[0]
     assert "(retry with SAFE_BLOCKS)" in rows[1] and rows[1].endswith("| ok |")
 
 
