@@ -80,6 +80,16 @@ def test_the_python_example_of_the_docs_defines_every_name_it_uses():
     assert "tokens = " in code.split("model(tokens)")[0]
 
 
+def run_probe(probe: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run `probe` in a fresh interpreter with no JAX_PLATFORMS; its last line is JSON."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    env["PYTHONPATH"] = str(ROOT)
+    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result, json.loads(result.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.needs("libtpu")
 def test_a_cpu_run_keeps_libtpu_out_and_tpu_targets_still_compile():
     """With libtpu installed (jax registers a TPU backend and would start libtpu first), an
@@ -108,12 +118,7 @@ def test_a_cpu_run_keeps_libtpu_out_and_tpu_targets_still_compile():
         "print(json.dumps({'backend': jax.default_backend(), 'tpu_tried': tried,\n"
         "                  'env': os.environ.get('JAX_PLATFORMS'),\n"
         "                  'tpu_target_devices': len(tpu_devices('v5e:2x2'))}))\n")
-    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
-    env["PYTHONPATH"] = str(ROOT)
-    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    result, found = run_probe(probe)
     assert found == {"backend": "cpu", "tpu_tried": False, "env": "cpu",
                      "tpu_target_devices": 4}
     before_compile = result.stderr.split("--- cpu run done")[0]
@@ -140,12 +145,7 @@ def test_importing_the_package_leaves_the_environment_untouched():
         "                 if before.get(k) != os.environ.get(k))\n"
         "print(json.dumps({'changed': changed, 'platforms': jax.config.jax_platforms,\n"
         "                  'modules': len(names)}))\n")
-    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
-    env["PYTHONPATH"] = str(ROOT)
-    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    _, found = run_probe(probe)
     assert found["changed"] == [] and found["platforms"] in (None, "")
     assert found["modules"] > 100  # every module was imported, not an empty walk
 
