@@ -19,12 +19,15 @@ numbers (another kind of CPU still can in the last bit: docs/reproducibility.md)
 `--xla_flags= --cores=0` trains as the host likes.
 
     sinks_cpu  docs/sinks.md     the seven Table 4 rows of experiments/grids/sinks_cpu.py, seeds 0-4
-    sinks_heads_cpu  docs/sinks.md  experiments/grids/sinks_heads_cpu.py at 4 heads per layer:
-                                 baseline and G1 head-shared, seed 0 (only with --only:
-                                 not part of a plain `make tables`)
+    sinks_heads4_cpu, sinks_heads8_cpu  docs/sinks.md  experiments/grids/sinks_heads_cpu.py at 4
+                                 and 8 heads per layer: baseline, G1 elementwise and G1
+                                 head-shared, seeds 0-4 (only with --only)
     lr_cpu     docs/analysis.md  experiments/grids/lr_cpu.py shortened (batch 4, 200 steps),
                                  baseline and G1 elementwise at lr x1, x8 (seed 0), x32, x128
                                  (seeds 0, 1): 12 runs of 1 to 9 minutes on a shared 2-core CPU
+    lr_depth_cpu  docs/analysis.md  experiments/grids/lr_depth_cpu.py: baseline and G1 elementwise
+                                 at 24 layers in bfloat16, lr x8, x32, x128, seeds 0-2 (only with
+                                 --only)
 """
 
 from __future__ import annotations
@@ -46,8 +49,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 SINK_VARIANTS = ("baseline", "g1_sdpa_elementwise", "g1_sdpa_headwise", "g1_sdpa_head_shared",
                  "g2_value_elementwise", "g1_input_independent", "g1_ns_sigmoid")
 LR_VARIANTS = ("baseline", "g1_sdpa_elementwise")
-HEAD_VARIANTS = ("baseline", "g1_sdpa_head_shared")
-HEAD_SEEDS = (0,)  # the seeds trained so far; more: extend, and `make tables` trains them
+HEAD_VARIANTS = ("baseline", "g1_sdpa_elementwise", "g1_sdpa_head_shared")
+SEEDS5 = (0, 1, 2, 3, 4)
+DEPTH_SEEDS = (0, 1, 2)
+DEPTH_MULTIPLIERS = (8, 32, 128)
 # name -> kind ("paired" or "lr_sweep"), docs page, grid file, seeds, run_grid's other
 # arguments, the runs (--only) and how the command line names them, and for "paired" the
 # metrics of the table; "default": False keeps a table out of a plain `make tables`.
@@ -59,11 +64,18 @@ TABLES: dict[str, dict[str, Any]] = {
         "only_text": "its 7 Table 4 rows",
         "metrics": ("f_attn", "sink_rate", "m_act", "eval_loss"),
     },
-    "sinks_heads_cpu": {
+    "sinks_heads4_cpu": {
         "kind": "paired", "page": "docs/sinks.md", "grid": "experiments/grids/sinks_heads_cpu.py",
-        "seeds": ",".join(map(str, HEAD_SEEDS)), "args": (), "default": False,
-        "only": tuple(f"sink_tiny-h4-{v}-s{s}" for v in HEAD_VARIANTS for s in HEAD_SEEDS),
-        "only_text": "baseline and G1 head-shared at 4 heads per layer",
+        "seeds": "0,1,2,3,4", "args": (), "default": False,
+        "only": tuple(f"sink_tiny-h4-{v}-s{s}" for v in HEAD_VARIANTS for s in SEEDS5),
+        "only_text": "baseline, G1 elementwise and G1 head-shared at 4 heads per layer",
+        "metrics": ("f_attn", "sink_rate", "m_act", "eval_loss"),
+    },
+    "sinks_heads8_cpu": {
+        "kind": "paired", "page": "docs/sinks.md", "grid": "experiments/grids/sinks_heads_cpu.py",
+        "seeds": "0,1,2,3,4", "args": (), "default": False,
+        "only": tuple(f"sink_tiny-h8-{v}-s{s}" for v in HEAD_VARIANTS for s in SEEDS5),
+        "only_text": "baseline, G1 elementwise and G1 head-shared at 8 heads per layer",
         "metrics": ("f_attn", "sink_rate", "m_act", "eval_loss"),
     },
     "lr_cpu": {
@@ -77,6 +89,15 @@ TABLES: dict[str, dict[str, Any]] = {
                       for s in seeds),
         "only_text": "its 12 runs: baseline and G1 elementwise, seed 0 at x1 and x8, "
                      "seeds 0 and 1 at x32 and x128",
+    },
+    "lr_depth_cpu": {
+        "kind": "lr_sweep", "page": "docs/analysis.md",
+        "grid": "experiments/grids/lr_depth_cpu.py", "seeds": "0,1,2", "default": False,
+        "args": ("--lr_multipliers", ",".join(map(str, DEPTH_MULTIPLIERS)), "--no_analyze"),
+        "only": tuple(f"tiny-l24-bf16-{v}-lrx{m}-s{s}" for v in LR_VARIANTS
+                      for m in DEPTH_MULTIPLIERS for s in DEPTH_SEEDS),
+        "only_text": "baseline and G1 elementwise at 24 layers in bfloat16, lr x8, x32, x128, "
+                     "seeds 0-2",
     },
 }
 

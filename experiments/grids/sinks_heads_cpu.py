@@ -11,8 +11,8 @@ G1 elementwise (head-specific) and G1 head-shared under the sinks grid's recipe 
         --root runs/sinks_heads_cpu --seeds 0,1,2
     python -m experiments.summarize runs/sinks_heads_cpu
 
-`make tables --only sinks_heads_cpu` runs its baseline and head-shared rows at 4 heads (the
-seeds of experiments/make_tables.py's HEAD_SEEDS) and writes their table into docs/sinks.md.
+`make tables --only sinks_heads4_cpu` (and `sinks_heads8_cpu`) runs it at 4 (8) heads, seeds
+0-4, and writes the table into docs/sinks.md.
 """
 
 from experiments.grid_lib import Run
