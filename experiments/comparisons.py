@@ -332,6 +332,11 @@ def lr_sweep(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             losses = [float(x) for x in losses if _finite(x)]
             points.append({
                 "multiplier": m, "peak_lr": runs[0].get("peak_lr"), "runs": len(runs),
+                # seed -> final loss; None where the run failed or ended non-finite
+                "by_seed": {r["seed"]: (float(r.get("eval_loss", r.get("train_loss")))
+                                        if r["state"] == "done"
+                                        and _finite(r.get("eval_loss", r.get("train_loss")))
+                                        else None) for r in runs},
                 "finished": len(done), "nonfinite_final": nonfinite,
                 "seeds": sorted(r["seed"] for r in done),
                 "nonfinite_steps": sum(r.get("skipped") or 0 for r in runs),
@@ -349,6 +354,46 @@ def lr_sweep(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         out.append({"variant": base_label, "points": points, "best": best,
                     "largest_stable": largest})
     return out
+
+
+def lr_sweep_paired(sweeps: Sequence[Mapping[str, Any]], reference: str = "baseline"
+                    ) -> list[dict[str, Any]]:
+    """Per swept variant and learning rate: its final loss minus the reference's at the same
+    rate, paired over the seeds both ran (paired_stats.paired: a failed or non-finite run on
+    either side is a failure of the pair, counted, never dropped)."""
+    base = next((s for s in sweeps if s["variant"] == reference), None)
+    if base is None:
+        return []
+    base_points = {p["multiplier"]: p["by_seed"] for p in base["points"]}
+    out = []
+    for s in sweeps:
+        if s is base:
+            continue
+        for p in s["points"]:
+            theirs = base_points.get(p["multiplier"])
+            if theirs is None:
+                continue
+            seeds = sorted(set(p["by_seed"]) & set(theirs))
+            diffs = [None if p["by_seed"][k] is None or theirs[k] is None
+                     else p["by_seed"][k] - theirs[k] for k in seeds]
+            out.append({"variant": s["variant"], "multiplier": p["multiplier"],
+                        "seeds": seeds, "stats": paired_stats.paired(diffs)})
+    return out
+
+
+def lr_paired_cell(stats: paired_stats.Paired) -> str:
+    """A paired loss difference as text: mean [95% CI], p; or why there is no interval."""
+    failed = (f", {stats.failed} of {stats.n + stats.failed} pairs failed"
+              if stats.failed else "")
+    if stats.mean is None:
+        return f"- (no finite pair){failed}"
+    if stats.degenerate:
+        return (f"{stats.mean:+.4f} (all {stats.n} seeds equal: no interval), p (exact "
+                f"sign-flip) {stats.p:.2g}{failed}")
+    if stats.low is None:
+        return f"{stats.mean:+.4f} (one seed: no interval, no test){failed}"
+    return (f"{stats.mean:+.4f} [{stats.low:+.4f}, {stats.high:+.4f}], p "
+            f"{stats.p:.2g}{failed}")
 
 
 def lr_sweep_markdown(sweeps: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -381,4 +426,15 @@ def lr_sweep_markdown(sweeps: Sequence[Mapping[str, Any]]) -> list[str]:
                             if p["nonfinite_final"] else "")
                          + f" | {p['nonfinite_steps']} | {spikes} "
                          f"| {_fmt(p['loss'], 4)}{std} |")
+    paired = lr_sweep_paired(sweeps)
+    if paired:
+        lines += ["", "Paired with the baseline at the same learning rate over the seeds both "
+                  "ran (final loss minus the baseline's; 95% Student t interval; p: paired "
+                  "t-test, two-sided, or the exact sign-flip p where every seed gave the same "
+                  "difference):", "",
+                  "| variant | lr x | seeds | loss minus baseline [95% CI], p |",
+                  "|---|---|---|---|"]
+        lines += [f"| {e['variant']} | {e['multiplier']:g} | "
+                  f"{', '.join(map(str, e['seeds']))} | {lr_paired_cell(e['stats'])} |"
+                  for e in paired]
     return lines + [""]

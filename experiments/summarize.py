@@ -697,7 +697,9 @@ def summarize(root: paths.PathLike, reference: str | None = None) -> dict[str, A
         write_csv(root / "paired.csv", [{k: v for k, v in e.items() if k != "digits"}
                                         for e in paired])
     if sweeps:
-        write_csv(root / "lr_sweep.csv", [{"variant": s["variant"], **p, "best": p is s["best"],
+        write_csv(root / "lr_sweep.csv", [{"variant": s["variant"],
+                                           **{k: v for k, v in p.items() if k != "by_seed"},
+                                           "best": p is s["best"],
                                            "largest_stable": p is s["largest_stable"]}
                                           for s in sweeps for p in s["points"]])
     long_context = table5(root, runs, tables)

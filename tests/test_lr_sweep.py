@@ -74,3 +74,8 @@ def test_summary_names_best_and_largest_stable_rate(tmp_path):
     text = (tmp_path / "summary.md").read_text()
     assert "## Learning-rate sweep" in text
     assert "| baseline | 1.9850 (x2 = 0.020) | x2 = 0.020 |" in text
+    # Paired with the baseline: its failed x8 runs fail both pairs, counted, not dropped;
+    # x1: G1 2.00, 2.00 against 2.00, 2.02 gives differences 0.00, -0.02.
+    assert ("| g1_sdpa_elementwise | 8 | 0, 1 | - (no finite pair), 2 of 2 pairs failed |"
+            in text)
+    assert "| g1_sdpa_elementwise | 1 | 0, 1 | -0.0100 [" in text

@@ -165,7 +165,16 @@ def test_the_lr_sweep_table_is_rewritten_in_its_page_from_records(tmp_path, monk
         "| g1_sdpa_elementwise | 1 | 0.030 | 1/1 (0) | 0 | 0 | 5.4500 |",
         "| g1_sdpa_elementwise | 8 | 0.240 | 1/1 (0) | 0 | 0 | 5.3000 |",
         "| g1_sdpa_elementwise | 32 | 0.960 | 2/2 (0, 1) | 0 | 0, 0 | 5.3700 ± 0.014 |",
-        "| g1_sdpa_elementwise | 128 | 3.840 | 2/2 (0, 1) | 1 | 0, 0 | 5.3400 ± 0.014 |"]
+        "| g1_sdpa_elementwise | 128 | 3.840 | 2/2 (0, 1) | 1 | 0, 0 | 5.3400 ± 0.014 |",
+        # G1 minus baseline at each rate, paired by seed, by hand: x32 differences -0.44,
+        # -0.52 (mean -0.48, se 0.04, t 12.706 at 1 df: half-width 0.5082; p of t = -12 at 1
+        # df, a Cauchy: 1 - 2 atan(12) / pi = 0.0529); x128 -0.65, -0.77 (se 0.06, half-width
+        # 0.7624, t -11.83: p 0.0536).
+        "| variant | lr x | seeds | loss minus baseline [95% CI], p |",
+        "| g1_sdpa_elementwise | 1 | 0 | -0.0500 (one seed: no interval, no test) |",
+        "| g1_sdpa_elementwise | 8 | 0 | -0.1000 (one seed: no interval, no test) |",
+        "| g1_sdpa_elementwise | 32 | 0, 1 | -0.4800 [-0.9882, +0.0282], p 0.053 |",
+        "| g1_sdpa_elementwise | 128 | 0, 1 | -0.7100 [-1.4724, +0.0524], p 0.054 |"]
 
 
 def _record(*, steps, wall_seconds, calls):
