@@ -22,6 +22,8 @@ numbers (another kind of CPU still can in the last bit: docs/reproducibility.md)
     sinks_heads4_cpu, sinks_heads8_cpu  docs/sinks.md  experiments/grids/sinks_heads_cpu.py at 4
                                  and 8 heads per layer: baseline, G1 elementwise and G1
                                  head-shared, seeds 0-4 (only with --only)
+    beyond_cpu docs/beyond.md    the 12 sink-task rows of experiments/grids/beyond.py, seeds 0-4
+                                 (only with --only)
     lr_cpu     docs/analysis.md  experiments/grids/lr_cpu.py shortened (batch 4, 200 steps),
                                  baseline and G1 elementwise at lr x1, x8 (seed 0), x32, x128
                                  (seeds 0, 1): 12 runs of 1 to 9 minutes on a shared 2-core CPU
@@ -43,6 +45,7 @@ from typing import Any
 from absl import flags
 
 from experiments import comparisons, cpu_pinning, paired_stats, rank_stats, summarize
+from experiments.grids import beyond
 from gated_attention.cli import flags as cli_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -76,6 +79,13 @@ TABLES: dict[str, dict[str, Any]] = {
         "seeds": "0,1,2,3,4", "args": (), "default": False,
         "only": tuple(f"sink_tiny-h8-{v}-s{s}" for v in HEAD_VARIANTS for s in SEEDS5),
         "only_text": "baseline, G1 elementwise and G1 head-shared at 8 heads per layer",
+        "metrics": ("f_attn", "sink_rate", "m_act", "eval_loss"),
+    },
+    "beyond_cpu": {
+        "kind": "paired", "page": "docs/beyond.md", "grid": "experiments/grids/beyond.py",
+        "seeds": "0,1,2,3,4", "args": (), "default": False,
+        "only": tuple(f"sink_tiny-h2-{v}-s{s}" for v in beyond.VARIANTS for s in SEEDS5),
+        "only_text": "its 12 sink-task rows",
         "metrics": ("f_attn", "sink_rate", "m_act", "eval_loss"),
     },
     "lr_cpu": {
