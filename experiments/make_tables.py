@@ -22,13 +22,13 @@ numbers (another kind of CPU still can in the last bit: docs/reproducibility.md)
     sinks_heads4_cpu, sinks_heads8_cpu  docs/sinks.md  experiments/grids/sinks_heads_cpu.py at 4
                                  and 8 heads per layer: baseline, G1 elementwise and G1
                                  head-shared, seeds 0-4 (only with --only)
-    beyond_cpu docs/beyond.md    the 12 sink-task rows of experiments/grids/beyond.py, seeds 0-4
-                                 (only with --only)
+    beyond_cpu docs/beyond.md    seven sink-task rows of experiments/grids/beyond.py (BEYOND_ROWS),
+                                 seeds 0-4 (only with --only)
     lr_cpu     docs/analysis.md  experiments/grids/lr_cpu.py shortened (batch 4, 200 steps),
                                  baseline and G1 elementwise at lr x1, x8 (seed 0), x32, x128
                                  (seeds 0, 1): 12 runs of 1 to 9 minutes on a shared 2-core CPU
     lr_depth_cpu  docs/analysis.md  experiments/grids/lr_depth_cpu.py: baseline and G1 elementwise
-                                 at 24 layers in bfloat16, lr x8, x32, x128, seeds 0-2 (only with
+                                 at 24 layers in bfloat16, lr x8, x32, x128, seeds 0-4 (only with
                                  --only)
 """
 
@@ -45,7 +45,6 @@ from typing import Any
 from absl import flags
 
 from experiments import comparisons, cpu_pinning, paired_stats, rank_stats, summarize
-from experiments.grids import beyond
 from gated_attention.cli import flags as cli_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -53,8 +52,12 @@ SINK_VARIANTS = ("baseline", "g1_sdpa_elementwise", "g1_sdpa_headwise", "g1_sdpa
                  "g2_value_elementwise", "g1_input_independent", "g1_ns_sigmoid")
 LR_VARIANTS = ("baseline", "g1_sdpa_elementwise")
 HEAD_VARIANTS = ("baseline", "g1_sdpa_elementwise", "g1_sdpa_head_shared")
+# The beyond grid's sink-task rows whose claims are differences at three seeds: the narrow
+# gates, XSA and G1 + G2 beside the baseline and the full G1 gate.
+BEYOND_ROWS = ("baseline", "g1_sdpa_elementwise", "g1_input_16th", "g1_rank_8",
+               "g1_bias_init_2", "xsa", "g1_g2")
 SEEDS5 = (0, 1, 2, 3, 4)
-DEPTH_SEEDS = (0, 1, 2)
+DEPTH_SEEDS = SEEDS5
 DEPTH_MULTIPLIERS = (8, 32, 128)
 # name -> kind ("paired" or "lr_sweep"), docs page, grid file, seeds, run_grid's other
 # arguments, the runs (--only) and how the command line names them, and for "paired" the
@@ -84,8 +87,8 @@ TABLES: dict[str, dict[str, Any]] = {
     "beyond_cpu": {
         "kind": "paired", "page": "docs/beyond.md", "grid": "experiments/grids/beyond.py",
         "seeds": "0,1,2,3,4", "args": (), "default": False,
-        "only": tuple(f"sink_tiny-h2-{v}-s{s}" for v in beyond.VARIANTS for s in SEEDS5),
-        "only_text": "its 12 sink-task rows",
+        "only": tuple(f"sink_tiny-h2-{v}-s{s}" for v in BEYOND_ROWS for s in SEEDS5),
+        "only_text": "seven of its sink-task rows: " + ", ".join(BEYOND_ROWS),
         "metrics": ("f_attn", "sink_rate", "m_act", "eval_loss"),
     },
     "lr_cpu": {
@@ -102,12 +105,12 @@ TABLES: dict[str, dict[str, Any]] = {
     },
     "lr_depth_cpu": {
         "kind": "lr_sweep", "page": "docs/analysis.md",
-        "grid": "experiments/grids/lr_depth_cpu.py", "seeds": "0,1,2", "default": False,
+        "grid": "experiments/grids/lr_depth_cpu.py", "seeds": "0,1,2,3,4", "default": False,
         "args": ("--lr_multipliers", ",".join(map(str, DEPTH_MULTIPLIERS)), "--no_analyze"),
         "only": tuple(f"tiny-l24-bf16-{v}-lrx{m}-s{s}" for v in LR_VARIANTS
                       for m in DEPTH_MULTIPLIERS for s in DEPTH_SEEDS),
         "only_text": "baseline and G1 elementwise at 24 layers in bfloat16, lr x8, x32, x128, "
-                     "seeds 0-2",
+                     "seeds 0-4",
     },
 }
 

@@ -8,7 +8,7 @@ narrow `tiny` at 24 layers, computing in bfloat16 (parameters and optimizer stat
 minutes of one core. Sweep it with --lr_multipliers over the recipe's peak of 3e-2:
 
     python -m experiments.run_grid experiments/grids/lr_depth_cpu.py --root runs/lr_depth \
-        --seeds 0,1,2 --lr_multipliers 8,32,128 --no_analyze
+        --seeds 0,1,2,3,4 --lr_multipliers 8,32,128 --no_analyze
     python -m experiments.summarize runs/lr_depth
 """
 
