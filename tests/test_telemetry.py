@@ -187,6 +187,21 @@ def _check_record(record, layers, seg, params):
     heads = np.concatenate([np.asarray(h) for h in record["f_attn_per_head"]])
     assert record["sink_rate"] == pytest.approx(np.mean(heads > 0.3))
     assert heads.std() > 0.05  # heads differ: not a uniform model
+    seen = np.arange(seg.shape[1])[None] - starts + 1  # keys each query sees in its segment
+    assert record["f_attn_uniform"] == pytest.approx((1 / seen)[queries].mean(), rel=1e-6)
+
+
+def test_the_uniform_level_follows_the_segments():
+    # Row 0: segment 1 at 0-2, segment 2 at 3-4, padding at 5; row 1: one segment of 6.
+    # Queries (not a segment's first token, not padding) see 2, 3 | 2 | 2, 3, 4, 5, 6 keys.
+    seg = jnp.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
+    expected = (1 / 2 + 1 / 3 + 1 / 2 + 1 / 2 + 1 / 3 + 1 / 4 + 1 / 5 + 1 / 6) / 8
+    assert float(telemetry.uniform_first_token_weight(seg, (2, 6))) == pytest.approx(expected)
+    # No segment ids: every row one segment, the sink report's whole-row level
+    from gated_attention.analysis import sink_report
+
+    got = float(telemetry.uniform_first_token_weight(None, (3, 64)))
+    assert got == pytest.approx(sink_report.uniform_first_token(64), rel=1e-6)
 
 
 @pytest.mark.slow
@@ -431,6 +446,10 @@ def test_emergence_step_is_the_first_point_at_three_times_uniform(tmp_path):
               {"step": 100, "f_attn_per_layer": [2.9 * uniform, uniform]},
               {"step": 200, "f_attn_per_layer": [3.1 * uniform, uniform]}]
     assert telemetry_report.emergence(points, uniform) == [200, None]
+    # points without their own level fall back to the whole row's; with it, their mean
+    assert telemetry_report.uniform_level(points, 64) == uniform
+    assert telemetry_report.uniform_level([{"f_attn_uniform": 0.1}, {"f_attn_uniform": 0.2}],
+                                          64) == pytest.approx(0.15)
     run = tmp_path / "baseline"
     run.mkdir()
     (run / "metrics.jsonl").write_text("".join(json.dumps({"kind": "telemetry", **p}) + "\n"

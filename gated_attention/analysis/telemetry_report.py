@@ -24,6 +24,13 @@ def telemetry_points(run_dir: pathlib.Path) -> list[dict[str, Any]]:
             if r.get("kind") == "telemetry"]
 
 
+def uniform_level(points: Sequence[Mapping[str, Any]], seq_len: int) -> float:
+    """The uniform-attention F-Attn the points were measured against: the mean of their own
+    `f_attn_uniform` (the rows' segment layout) where they record it, else the whole row's."""
+    levels = [p["f_attn_uniform"] for p in points if p.get("f_attn_uniform") is not None]
+    return sum(levels) / len(levels) if levels else uniform_first_token(seq_len)
+
+
 def emergence(points: Sequence[Mapping[str, Any]], uniform: float) -> list[int | None]:
     """Per layer: the first telemetry step whose F-Attn is >= SINK_FACTOR x uniform."""
     if not points:
@@ -66,12 +73,13 @@ def report_lines(folder: pathlib.Path, variants: Sequence[str], seq_len: int,
     runs = {v: telemetry_points(folder / v) for v in variants}
     if not any(runs.values()):
         return []
-    uniform = uniform_first_token(seq_len)
+    uniform = uniform_level([p for points in runs.values() for p in points], seq_len)
     plot(runs, folder / "sink_emergence.png", uniform)
     lines = ["### The sink forming while training", "",
              f"Every `train.telemetry_every` steps each run measured, on its own training "
-             f"batch, the attention every query puts on the first token (F-Attn), per layer. "
-             f"Uniform attention gives {uniform:.3f}; the table gives the first measured step "
+             f"batch, the attention every query puts on the first token of its segment "
+             f"(F-Attn), per layer. Uniform attention gives {uniform:.3f} on those rows; the "
+             f"table gives the first measured step "
              f"(and tokens seen) at which a layer reached {SINK_FACTOR:g}x that.", "",
              f"![sink emergence]({link}/sink_emergence.png)", "",
              "| run | layer | first step at 3x uniform | tokens | F-Attn at the end |",

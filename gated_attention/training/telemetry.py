@@ -13,7 +13,8 @@ Per layer, and per head where the quantity is a head's:
 
 - F-Attn: the weight each query puts on the first token of its own segment (the row's
   first token when there are no segment ids), averaged over queries, leaving out each
-  segment's first query (it sees only itself) and padding; the sink rate is the share of
+  segment's first query (it sees only itself) and padding; beside it the level a uniform
+  causal head gives on the same rows (f_attn_uniform); the sink rate is the share of
   (layer, head) pairs whose F-Attn exceeds 0.3 (Gu et al.'s threshold, so the numbers
   compare with theirs).
 - gate scores: mean and a histogram (fixed bins over the activation's range, as analysis).
@@ -172,6 +173,17 @@ def query_mask(segment_ids: jax.Array | None, shape: tuple[int, int]) -> jax.Arr
         segment_starts(segment_ids, shape) != index)
 
 
+def uniform_first_token_weight(segment_ids: jax.Array | None, shape: tuple[int, int]
+                               ) -> jax.Array:
+    """F-Attn a uniform causal head would give on these rows: the mean over F-Attn's queries
+    of 1 / (keys the query sees in its segment). With segments (packed documents, BOS at each)
+    it is higher than the whole row's level, so a sink is judged against this one."""
+    index = jnp.arange(shape[1])[None]
+    seen = (index - segment_starts(segment_ids, shape) + 1).astype(jnp.float32)
+    queries = query_mask(segment_ids, shape).astype(jnp.float32)
+    return jnp.sum(queries / seen) / jnp.maximum(jnp.sum(queries), 1.0)
+
+
 def histogram(values: jax.Array, weights: jax.Array, lo: float, hi: float,
               bins: int = reductions.HISTOGRAM_BINS) -> jax.Array:
     """Counts of `values` in `bins` equal bins over [lo, hi] (outside values clipped in),
@@ -266,6 +278,7 @@ def make_telemetry_fn(graphdef: nnx.GraphDef, config: Any):
             "f_attn_per_head": [jnp.einsum("bhs,bs->h", layer["first_token_attention"]
                                            .astype(jnp.float32), queries) / count
                                 for layer in layers],
+            "f_attn_uniform": uniform_first_token_weight(segment_ids, shape),
             "m_act_per_layer": [jnp.max(jnp.where(tokens[..., None],
                                                   jnp.abs(layer["resid_after_ffn"]), 0.0))
                                 .astype(jnp.float32) for layer in layers],
@@ -300,6 +313,7 @@ def to_record(values: Mapping[str, Any], variant_activation: str) -> dict[str, A
         "sink_rate": float(np.mean(np.concatenate(per_head) > SINK_THRESHOLD)),
         "f_attn_per_layer": [float(h.mean()) for h in per_head],
         "f_attn_per_head": [plain(h) for h in per_head],
+        "f_attn_uniform": plain(values["f_attn_uniform"]),
         "m_act_per_layer": [plain(x) for x in values["m_act_per_layer"]],
     }
     record["m_act"] = float(np.mean(values["m_act_per_layer"]))
