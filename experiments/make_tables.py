@@ -30,6 +30,9 @@ numbers (another kind of CPU still can in the last bit: docs/reproducibility.md)
     lr_depth_cpu  docs/analysis.md  experiments/grids/lr_depth_cpu.py: baseline and G1 elementwise
                                  at 24 layers in bfloat16, lr x8, x32, x128, seeds 0-4 (only with
                                  --only)
+    text_sink_1k_cpu  docs/sinks.md  experiments/grids/text_sink_cpu.py's first 1,000 of its
+                                 3,000 steps: baseline and G1 elementwise on text, seeds 0-4
+                                 (only with --only)
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ HEAD_VARIANTS = ("baseline", "g1_sdpa_elementwise", "g1_sdpa_head_shared")
 # The beyond grid's sink-task rows that carry its three claims at five seeds: a gate reading
 # 1/16 of the input removes the sink, XSA removes it, G1 + G2 keeps it.
 BEYOND_ROWS = ("baseline", "g1_input_16th", "xsa", "g1_g2")
+# The text-sink recipe's runs (experiments/grids/text_sink_cpu.py), cut at step 1,000.
+TEXT_SINK_VARIANTS = ("baseline", "g1_sdpa_elementwise")
+TEXT_SINK_STEPS = 1000
 SEEDS5 = (0, 1, 2, 3, 4)
 DEPTH_SEEDS = SEEDS5
 DEPTH_MULTIPLIERS = (8, 32, 128)
@@ -88,6 +94,14 @@ TABLES: dict[str, dict[str, Any]] = {
         "seeds": "0,1,2,3,4", "args": (), "default": False,
         "only": tuple(f"sink_tiny-h2-{v}-s{s}" for v in BEYOND_ROWS for s in SEEDS5),
         "only_text": "four of its sink-task rows: " + ", ".join(BEYOND_ROWS),
+        "metrics": ("f_attn", "sink_rate", "m_act", "eval_loss"),
+    },
+    "text_sink_1k_cpu": {
+        "kind": "paired", "page": "docs/sinks.md", "grid": "experiments/grids/text_sink_cpu.py",
+        "seeds": "0,1,2,3,4", "default": False,
+        "args": ("--no_analyze", "--set", f"train.steps={TEXT_SINK_STEPS}"),
+        "only": tuple(f"tiny-pysrc-bos-{v}-s{s}" for v in TEXT_SINK_VARIANTS for s in SEEDS5),
+        "only_text": "baseline and G1 elementwise, seeds 0-4",
         "metrics": ("f_attn", "sink_rate", "m_act", "eval_loss"),
     },
     "lr_cpu": {

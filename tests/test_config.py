@@ -37,6 +37,9 @@ def _config(**changes):
     ({"data__cache_dir": "gs://b/cache"}, r"data.cache_dir='gs://b/cache' must be a local"),
     ({"optimizer__warmup_steps": 5000}, r"optimizer.warmup_steps=5000 must be in \[0, "
                                         r"train.steps=300\]"),
+    ({"optimizer__warmup_steps": 5000, "optimizer__schedule_steps": 4000},
+     r"optimizer.warmup_steps=5000 must be in \[0, optimizer.schedule_steps=4000\]"),
+    ({"optimizer__schedule_steps": -1}, r"optimizer.schedule_steps=-1 must be an integer >= 0"),
     ({"optimizer__final_lr": 1.0}, r"optimizer.final_lr=1.0 must be in \[0, peak_lr="),
     ({"optimizer__b2": 1.0}, r"optimizer.b2=1.0 must be in \[0, 1\)"),
     ({"train__keep_checkpoints": 0}, r"train.keep_checkpoints=0 must be >= 1"),

@@ -31,6 +31,19 @@ def test_schedule_matches_hand_computed_values(step, expected):
     assert float(schedule(step)) == pytest.approx(expected, rel=1e-6, abs=1e-12)
 
 
+def test_schedule_steps_trains_the_first_steps_of_a_longer_run():
+    """schedule_steps=1000 in a 300-step run: lr(t) is the 1000-step curve's, not a cosine
+    squeezed into 300 steps (hand-computed at t=300: a third of the way along the decay)."""
+    opt = OPT.copy_and_resolve_references()
+    opt.schedule_steps = 1000
+    truncated = optim.learning_rate_schedule(opt, total_steps=300)
+    expected = 3e-5 + (2e-3 - 3e-5) * (1 + math.cos(math.pi * 200 / 900)) / 2
+    assert float(truncated(300)) == pytest.approx(expected, rel=1e-6)
+    assert float(truncated(50)) == pytest.approx(1e-3, rel=1e-6)
+    squeezed = optim.learning_rate_schedule(OPT, total_steps=300)
+    assert float(squeezed(300)) == pytest.approx(3e-5, rel=1e-6)  # 0 means train.steps
+
+
 def test_weight_decay_skips_norms_vectors_and_gate_theta():
     config = run_config.base_config("tiny", "g1_input_independent")
     params = nnx.state(abstract_model(run_config.model_config(config)), nnx.Param)

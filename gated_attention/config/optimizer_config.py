@@ -14,8 +14,12 @@ def check_section(opt: Any, total_steps: int) -> None:
     require(opt.peak_lr > 0, f"optimizer.peak_lr={opt.peak_lr} must be > 0")
     require(0 <= opt.final_lr <= opt.peak_lr,
             f"optimizer.final_lr={opt.final_lr} must be in [0, peak_lr={opt.peak_lr}]")
-    require(0 <= opt.warmup_steps <= total_steps, f"optimizer.warmup_steps={opt.warmup_steps} "
-            f"must be in [0, train.steps={total_steps}]")
+    span = opt.get("schedule_steps", 0)
+    require(isinstance(span, int) and span >= 0, f"optimizer.schedule_steps={span!r} must be "
+            "an integer >= 0 (0 = train.steps)")
+    span_name = f"optimizer.schedule_steps={span}" if span else f"train.steps={total_steps}"
+    require(0 <= opt.warmup_steps <= (span or total_steps),
+            f"optimizer.warmup_steps={opt.warmup_steps} must be in [0, {span_name}]")
     for name in ("b1", "b2"):
         require(0.0 <= opt[name] < 1.0, f"optimizer.{name}={opt[name]} must be in [0, 1)")
     require(opt.eps > 0, f"optimizer.eps={opt.eps} must be > 0")

@@ -139,10 +139,11 @@ def train_section() -> ml_collections.ConfigDict:
 
 
 def optimizer_section() -> ml_collections.ConfigDict:
-    """AdamW with linear warm-up to peak_lr, then cosine decay to final_lr (the paper's)."""
+    """AdamW with linear warm-up to peak_lr, then cosine decay to final_lr (the paper's) at
+    schedule_steps (0 = train.steps; more trains the first train.steps of a longer run)."""
     return ml_collections.ConfigDict(dict(
-        peak_lr=3e-3, warmup_steps=100, final_lr=3e-5, b1=0.9, b2=0.95, eps=1e-8,
-        weight_decay=0.1, clip_norm=1.0,
+        peak_lr=3e-3, warmup_steps=100, final_lr=3e-5, schedule_steps=0, b1=0.9, b2=0.95,
+        eps=1e-8, weight_decay=0.1, clip_norm=1.0,
     ))
 
 

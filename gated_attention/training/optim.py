@@ -15,15 +15,23 @@ import optax
 NO_DECAY_NAMES = ("theta", "sink_logits", "scale", "bias")
 
 
+def schedule_span(opt: Any, total_steps: int) -> int:
+    """The step T the cosine reaches final_lr at: optimizer.schedule_steps, or train.steps
+    when it is 0. A longer span trains the first steps of a longer run, step for step."""
+    return int(opt.get("schedule_steps", 0)) or total_steps
+
+
 def learning_rate_schedule(opt: Any, total_steps: int) -> optax.Schedule:
-    """lr(step): 0 -> peak_lr linearly over warmup_steps, then cosine to final_lr at total_steps.
+    """lr(step): 0 -> peak_lr linearly over warmup_steps, then cosine to final_lr at T
+    (schedule_span: total_steps unless optimizer.schedule_steps names another).
 
     lr(t) = peak * t / W for t < W, else final + (peak - final) * (1 + cos(pi * (t - W) /
     (T - W))) / 2, constant final_lr after T (optax.warmup_cosine_decay_schedule).
     """
+    span = schedule_span(opt, total_steps)
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=opt.peak_lr, warmup_steps=opt.warmup_steps,
-        decay_steps=max(total_steps, opt.warmup_steps + 1), end_value=opt.final_lr)
+        decay_steps=max(span, opt.warmup_steps + 1), end_value=opt.final_lr)
 
 
 def _path_names(path: tuple[Any, ...]) -> list[str]:
