@@ -240,16 +240,23 @@ def paired_markdown(entries: Sequence[Mapping[str, Any]],
 
 def sink_check(rows: Sequence[Mapping[str, Any]], seq_len: int | None) -> dict[str, Any]:
     """Per seed: did the baseline form a sink (F-Attn >= SINK_FACTOR x uniform)? F-Attn is
-    analysis' where the run was analysed, else its record's last telemetry point (summarize)."""
-    if not seq_len:
-        return {"checked": 0}
-    uniform = uniform_first_token(seq_len)
+    analysis' where the run was analysed, else its record's last telemetry point (summarize).
+    A telemetry point is judged against the uniform level of its own batch where the record
+    has it (f_attn_uniform: packed documents restart the causal rows and raise it), else,
+    like analysis, against one unbroken `seq_len`-token row."""
     base = [r for r in rows if r["state"] == "done" and r.get("variant") == "baseline"
             and r.get("f_attn") is not None and not r.get("lr_multiplier")]
-    missing = [r["run"] for r in base if r["f_attn"] < SINK_FACTOR * uniform]
+    own = {r["run"]: r["f_attn_uniform"] for r in base
+           if r.get("sink_source") == "telemetry" and r.get("f_attn_uniform")}
+    if not seq_len and not (base and len(own) == len(base)):
+        return {"checked": 0}
+    uniform = uniform_first_token(seq_len) if seq_len else None
+    level = {r["run"]: own.get(r["run"], uniform) for r in base}
+    missing = [r["run"] for r in base if r["f_attn"] < SINK_FACTOR * level[r["run"]]]
     return {"checked": len(base), "formed": len(base) - len(missing), "uniform": uniform,
             "factor": SINK_FACTOR, "seq_len": seq_len, "no_sink": missing,
-            "ratios": {r["run"]: r["f_attn"] / uniform for r in base},
+            "ratios": {r["run"]: r["f_attn"] / level[r["run"]] for r in base},
+            "own_uniform": own,
             "telemetry": {r["run"]: r.get("sink_step") for r in base
                           if r.get("sink_source") == "telemetry"}}
 
@@ -257,13 +264,25 @@ def sink_check(rows: Sequence[Mapping[str, Any]], seq_len: int | None) -> dict[s
 def sink_check_markdown(check: Mapping[str, Any]) -> list[str]:
     if not check.get("checked"):
         return []
+    own = check.get("own_uniform") or {}
     head = (f"Did the baseline form a sink? Uniform causal attention puts "
             f"{check['uniform']:.3f} on the first token (mean of 1/(i+1) over the queries of a "
-            f"{check['seq_len']}-token row); a sink is claimed at {check['factor']:g}x that. ")
+            f"{check['seq_len']}-token row)" if check.get("uniform") else
+            "Did the baseline form a sink? Uniform causal attention puts 1/(i+1) on the "
+            "first token at query i")
+    if own:
+        head += ("; a telemetry point is judged against the uniform level of its own batch, "
+                 "packed documents counted")
+    head += f"; a sink is claimed at {check['factor']:g}x that. "
     telemetry = check.get("telemetry") or {}
-    ratios = ", ".join(f"`{k}` {v:.1f}x" + (f" (telemetry, step {telemetry[k]})"
-                                            if k in telemetry else "")
-                       for k, v in check["ratios"].items())
+
+    def where(run: str) -> str:
+        if run not in telemetry:
+            return ""
+        return (f" (telemetry, step {telemetry[run]}"
+                + (f", uniform {own[run]:.3f}" if run in own else "") + ")")
+
+    ratios = ", ".join(f"`{k}` {v:.1f}x" + where(k) for k, v in check["ratios"].items())
     if check["no_sink"]:
         return ["## Baseline sink check", "", head + f"**The baseline formed no sink in "
                 f"{len(check['no_sink'])} of {check['checked']} runs** "

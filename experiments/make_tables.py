@@ -190,8 +190,13 @@ def table_block(name: str, result: Mapping[str, Any], command: str, ran: bool = 
                   and e["degenerate"]]
     check = result.get("sink_check") or {}
     if check.get("checked"):
+        level = (f"the uniform {check['uniform']:.3f}" if check.get("uniform") else
+                 "the uniform level")
+        if check.get("own_uniform"):
+            level += (" or, at a telemetry point, its own batch's ("
+                      + ", ".join(f"{u:.3f}" for u in check["own_uniform"].values()) + ")")
         lines += ["", f"Baseline sink check: the baseline formed a sink (F-Attn >= "
-                  f"{check['factor']:g}x the uniform {check['uniform']:.3f}) in "
+                  f"{check['factor']:g}x {level}) in "
                   f"{check['formed']} of {check['checked']} seeds"
                   + (f"; not in {', '.join(check['no_sink'])}" if check["no_sink"] else "")
                   + "."]

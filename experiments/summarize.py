@@ -135,9 +135,12 @@ def telemetry_metrics(telemetry: Mapping[str, Any]) -> dict[str, Any]:
     numbers of a run that was never analysed (--no_analyze, or its analysis failed), so the
     baseline's sink is still checked. They are the training-time statistics (one training
     batch, the weights a step started from), not analysis' held-out ones of the final
-    checkpoint; `sink_source` says which a row holds."""
+    checkpoint; `sink_source` says which a row holds. `f_attn_uniform` is the uniform level
+    of that same batch, its packed segments counted (telemetry.uniform_first_token_weight;
+    absent in records older than it)."""
     return {"f_attn": telemetry.get("f_attn"), "sink_rate": telemetry.get("sink_rate"),
             "m_act": telemetry.get("m_act"), "gate": telemetry.get("gate_mean"),
+            "f_attn_uniform": telemetry.get("f_attn_uniform"),
             "sink_source": "telemetry", "sink_step": telemetry.get("step")}
 
 

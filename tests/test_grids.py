@@ -349,3 +349,29 @@ def test_runs_without_analysis_take_their_sink_numbers_from_the_records_telemetr
     paired = next(e for e in result["paired"] if e["metric"] == "f_attn")
     assert paired["seeds"] == [1, 2]
     assert paired["diff"] == pytest.approx(((0.05 - 0.30) + (0.04 - 0.12)) / 2)
+
+
+def test_sink_check_judges_a_telemetry_point_against_its_own_batchs_uniform_level():
+    """Packed documents restart causal rows, so the uniform level of a training batch is above
+    one unbroken row's: a telemetry point carries its own (f_attn_uniform) and is judged by it.
+    Hand-computed: a 64-token row's level is the mean of 1/(i+1) over queries 1..63,
+    (H_64 - 1) / 63 = 0.05943."""
+    from experiments import comparisons
+
+    def row(run: str, f_attn: float, **extra) -> dict:
+        return {"run": run, "state": "done", "variant": "baseline", "f_attn": f_attn, **extra}
+
+    rows = [row("s0", 0.07, sink_source="telemetry", sink_step=1000, f_attn_uniform=0.020),
+            row("s1", 0.05, sink_source="telemetry", sink_step=1000, f_attn_uniform=0.020),
+            row("s2", 0.15, sink_source="analysis")]
+    check = comparisons.sink_check(rows, seq_len=64)
+    assert check["uniform"] == pytest.approx((sum(1 / k for k in range(1, 65)) - 1) / 63)
+    assert check["ratios"]["s0"] == pytest.approx(3.5)
+    assert check["ratios"]["s2"] == pytest.approx(0.15 / 0.059427, rel=1e-4)
+    assert check["no_sink"] == ["s1", "s2"] and check["formed"] == 1
+    text = "\n".join(comparisons.sink_check_markdown(check))
+    assert "`s0` 3.5x (telemetry, step 1000, uniform 0.020)" in text
+    assert "`s2` 2.5x." in text
+    # Without a sequence length, runs that all carry their own level are still checked.
+    assert comparisons.sink_check(rows[:2], seq_len=None)["formed"] == 1
+    assert comparisons.sink_check(rows, seq_len=None) == {"checked": 0}
