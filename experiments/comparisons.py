@@ -21,7 +21,8 @@ from gated_attention.core.errors import UserError
 
 # (key in a run row, title, digits): the metrics compared pair by pair.
 PAIRED_METRICS = (("eval_loss", "held-out loss", 4), ("ppl", "PPL", 3),
-                  ("f_attn", "F-Attn", 3), ("sink_rate", "sink rate", 2),
+                  ("f_attn", "F-Attn", 3), ("f_attn_top", "F-Attn, top layer", 3),
+                  ("sink_rate", "sink rate", 2),
                   ("m_act", "M-Act", 2), ("gate", "gate score", 3),
                   # the paper's benchmark columns (summarize.BENCHMARKS, percent), where run
                   ("hellaswag", "HellaSwag", 2), ("mmlu", "MMLU", 2), ("gsm8k", "GSM8k", 2),
@@ -29,7 +30,7 @@ PAIRED_METRICS = (("eval_loss", "held-out loss", 4), ("ppl", "PPL", 3),
 BENCHMARK_KEYS = frozenset({"hellaswag", "mmlu", "gsm8k", "ceval"})  # only where measured
 # Metrics read from analysis.json, or from the record's telemetry where a run has none
 # (summarize.telemetry_metrics): a pair is only formed from two runs measured the same way.
-SINK_KEYS = frozenset({"f_attn", "sink_rate", "m_act", "gate"})
+SINK_KEYS = frozenset({"f_attn", "f_attn_top", "sink_rate", "m_act", "gate"})
 MARK = " **\\***"  # a significant difference after Holm's correction
 # A baseline formed a sink when its F-Attn is at least this many times the uniform level
 # (uniform_first_token: query i of a causal row gives 1 / (i + 1) to the first token).

@@ -102,7 +102,7 @@ TABLES: dict[str, dict[str, Any]] = {
         "args": ("--no_analyze", "--set", f"train.steps={TEXT_SINK_STEPS}"),
         "only": tuple(f"tiny-pysrc-bos-{v}-s{s}" for v in TEXT_SINK_VARIANTS for s in SEEDS5),
         "only_text": "baseline and G1 elementwise, seeds 0-4",
-        "metrics": ("f_attn", "sink_rate", "m_act", "eval_loss"),
+        "metrics": ("f_attn", "f_attn_top", "m_act", "eval_loss"),
     },
     "lr_cpu": {
         "kind": "lr_sweep", "page": "docs/analysis.md", "grid": "experiments/grids/lr_cpu.py",

@@ -130,6 +130,13 @@ def _train_log(root: epath.Path, name: str, warmup_steps: int) -> dict[str, Any]
             "spikes": report["spikes"], "diverged": report["diverged"]}
 
 
+def top_layer(measured: Mapping[str, Any], key: str) -> float | None:
+    """The largest layer's F-Attn (`key`_per_layer): a sink that lives in one layer shows
+    there at full size, where the mean over layers dilutes it by the depth."""
+    per_layer = measured.get(f"{key}_per_layer")
+    return max(per_layer) if per_layer else None
+
+
 def telemetry_metrics(telemetry: Mapping[str, Any]) -> dict[str, Any]:
     """F-Attn, sink rate, M-Act and gate score from a record's last telemetry point: the sink
     numbers of a run that was never analysed (--no_analyze, or its analysis failed), so the
@@ -138,7 +145,8 @@ def telemetry_metrics(telemetry: Mapping[str, Any]) -> dict[str, Any]:
     checkpoint; `sink_source` says which a row holds. `f_attn_uniform` is the uniform level
     of that same batch, its packed segments counted (telemetry.uniform_first_token_weight;
     absent in records older than it)."""
-    return {"f_attn": telemetry.get("f_attn"), "sink_rate": telemetry.get("sink_rate"),
+    return {"f_attn": telemetry.get("f_attn"), "f_attn_top": top_layer(telemetry, "f_attn"),
+            "sink_rate": telemetry.get("sink_rate"),
             "m_act": telemetry.get("m_act"), "gate": telemetry.get("gate_mean"),
             "f_attn_uniform": telemetry.get("f_attn_uniform"),
             "sink_source": "telemetry", "sink_step": telemetry.get("step")}
@@ -177,6 +185,7 @@ def run_row(root: epath.Path, name: str, run: Mapping[str, Any],
         row.update(
             ppl=analysis.get("perplexity"), eval_ppl=final_eval.get("perplexity"),
             f_attn=analysis["first_token_attention"], sink_rate=analysis["sink_rate"],
+            f_attn_top=top_layer(analysis, "first_token_attention"),
             m_act=analysis["massive_activation"], gate=analysis["gate_score_mean"],
             spikes=stability.get("train", {}).get("spikes", row.get("spikes")),
             diverged=stability.get("train", {}).get("diverged", row.get("diverged")),

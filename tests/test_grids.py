@@ -298,7 +298,7 @@ def test_runs_without_analysis_take_their_sink_numbers_from_the_records_telemetr
 
     def telemetry(f_attn: float, step: int = 40) -> dict:  # as loop.write_record stores it
         return {"step": step, "kind": "telemetry", "f_attn": f_attn, "sink_rate": 0.25,
-                "m_act": 12.0, "gate_mean": 0.3, "f_attn_per_layer": [f_attn, f_attn]}
+                "m_act": 12.0, "gate_mean": 0.3, "f_attn_per_layer": [2 * f_attn, f_attn / 2]}
 
     # Baseline seed 0 was analysed (0.40; its record's telemetry, 0.05, must not be used);
     # seeds 1 and 2 were not: telemetry 0.30 and 0.12 (below 3x the uniform 0.0594).
@@ -349,6 +349,10 @@ def test_runs_without_analysis_take_their_sink_numbers_from_the_records_telemetr
     paired = next(e for e in result["paired"] if e["metric"] == "f_attn")
     assert paired["seeds"] == [1, 2]
     assert paired["diff"] == pytest.approx(((0.05 - 0.30) + (0.04 - 0.12)) / 2)
+    # The top layer's F-Attn (the largest per-layer value: here twice the mean) pairs alike.
+    top = next(e for e in result["paired"] if e["metric"] == "f_attn_top")
+    assert top["seeds"] == [1, 2]
+    assert top["diff"] == pytest.approx(2 * ((0.05 - 0.30) + (0.04 - 0.12)) / 2)
 
 
 def test_sink_check_judges_a_telemetry_point_against_its_own_batchs_uniform_level():
