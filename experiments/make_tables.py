@@ -193,8 +193,10 @@ def table_block(name: str, result: Mapping[str, Any], command: str, ran: bool = 
         level = (f"the uniform {check['uniform']:.3f}" if check.get("uniform") else
                  "the uniform level")
         if check.get("own_uniform"):
+            own = sorted(check["own_uniform"].values())
             level += (" or, at a telemetry point, its own batch's ("
-                      + ", ".join(f"{u:.3f}" for u in check["own_uniform"].values()) + ")")
+                      + (f"{own[0]:.3f}" if f"{own[0]:.3f}" == f"{own[-1]:.3f}" else
+                         f"{own[0]:.3f} to {own[-1]:.3f}") + ")")
         lines += ["", f"Baseline sink check: the baseline formed a sink (F-Attn >= "
                   f"{check['factor']:g}x {level}) in "
                   f"{check['formed']} of {check['checked']} seeds"

@@ -245,8 +245,8 @@ def group_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                              "unfinished": sum(m["state"] not in ("done", "failed")
                                                for m in members),
                              "lr_multiplier": first.get("lr_multiplier")}
-        for key in ("ppl", "eval_ppl", "eval_loss", "train_loss", "f_attn", "sink_rate",
-                    "m_act", "gate", "spikes", "params_added_m", *SINK_TASK_KEYS,
+        for key in ("ppl", "eval_ppl", "eval_loss", "train_loss", "f_attn", "f_attn_top",
+                    "sink_rate", "m_act", "gate", "spikes", "params_added_m", *SINK_TASK_KEYS,
                     *(b[0] for b in BENCHMARKS)):
             values = [m.get(key) for m in done]
             g[f"{key}_nonfinite"] = sum(v is not None and not math.isfinite(float(v))

@@ -353,6 +353,8 @@ def test_runs_without_analysis_take_their_sink_numbers_from_the_records_telemetr
     top = next(e for e in result["paired"] if e["metric"] == "f_attn_top")
     assert top["seeds"] == [1, 2]
     assert top["diff"] == pytest.approx(2 * ((0.05 - 0.30) + (0.04 - 0.12)) / 2)
+    assert groups["g1_sdpa_elementwise"]["f_attn_top"] == pytest.approx(
+        2 * (0.06 + 0.05 + 0.04) / 3)
 
 
 def test_sink_check_judges_a_telemetry_point_against_its_own_batchs_uniform_level():
