@@ -48,6 +48,7 @@ from typing import Any
 from absl import flags
 
 from experiments import comparisons, cpu_pinning, paired_stats, rank_stats, summarize
+from experiments.grids import text_sink_cpu
 from gated_attention.cli import flags as cli_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -59,7 +60,6 @@ HEAD_VARIANTS = ("baseline", "g1_sdpa_elementwise", "g1_sdpa_head_shared")
 # 1/16 of the input removes the sink, XSA removes it, G1 + G2 keeps it.
 BEYOND_ROWS = ("baseline", "g1_input_16th", "xsa", "g1_g2")
 # The text-sink recipe's runs (experiments/grids/text_sink_cpu.py), cut at step 1,000.
-TEXT_SINK_VARIANTS = ("baseline", "g1_sdpa_elementwise")
 TEXT_SINK_STEPS = 1000
 SEEDS5 = (0, 1, 2, 3, 4)
 DEPTH_SEEDS = SEEDS5
@@ -100,7 +100,8 @@ TABLES: dict[str, dict[str, Any]] = {
         "kind": "paired", "page": "docs/sinks.md", "grid": "experiments/grids/text_sink_cpu.py",
         "seeds": "0,1,2,3,4", "default": False,
         "args": ("--no_analyze", "--set", f"train.steps={TEXT_SINK_STEPS}"),
-        "only": tuple(f"tiny-pysrc-bos-{v}-s{s}" for v in TEXT_SINK_VARIANTS for s in SEEDS5),
+        "only": tuple(f"tiny-pysrc-bos-{v}-s{s}" for v in text_sink_cpu.VARIANTS
+                      for s in SEEDS5),
         "only_text": "baseline and G1 elementwise, seeds 0-4",
         "metrics": ("f_attn", "f_attn_top", "m_act", "eval_loss"),
     },

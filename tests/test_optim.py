@@ -33,7 +33,7 @@ def test_schedule_matches_hand_computed_values(step, expected):
 
 def test_schedule_steps_trains_the_first_steps_of_a_longer_run():
     """schedule_steps=1000 in a 300-step run: lr(t) is the 1000-step curve's, not a cosine
-    squeezed into 300 steps (hand-computed at t=300: a third of the way along the decay)."""
+    squeezed into 300 steps (hand-computed at t=300: 200 of the decay's 900 steps)."""
     opt = OPT.copy_and_resolve_references()
     opt.schedule_steps = 1000
     truncated = optim.learning_rate_schedule(opt, total_steps=300)

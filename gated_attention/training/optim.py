@@ -12,18 +12,14 @@ from typing import Any
 import jax
 import optax
 
+from gated_attention.config.optimizer_config import schedule_span
+
 NO_DECAY_NAMES = ("theta", "sink_logits", "scale", "bias")
-
-
-def schedule_span(opt: Any, total_steps: int) -> int:
-    """The step T the cosine reaches final_lr at: optimizer.schedule_steps, or train.steps
-    when it is 0. A longer span trains the first steps of a longer run, step for step."""
-    return int(opt.get("schedule_steps", 0)) or total_steps
 
 
 def learning_rate_schedule(opt: Any, total_steps: int) -> optax.Schedule:
     """lr(step): 0 -> peak_lr linearly over warmup_steps, then cosine to final_lr at T
-    (schedule_span: total_steps unless optimizer.schedule_steps names another).
+    (optimizer_config.schedule_span: total_steps unless optimizer.schedule_steps names another).
 
     lr(t) = peak * t / W for t < W, else final + (peak - final) * (1 + cos(pi * (t - W) /
     (T - W))) / 2, constant final_lr after T (optax.warmup_cosine_decay_schedule).
