@@ -395,6 +395,7 @@ def test_more_steps_extend_a_finished_run(reference, capsys):
     summary = run(longer, run_dir)
     out = capsys.readouterr().out
     assert f"at step {STEPS}." in out and f"train.steps grew to {STEPS + 2}" in out
+    assert f"schedule of a {STEPS + 2}-step run from here on" in out  # the span follows steps
     assert summary["train"]["step"] == STEPS + 2
     assert json.loads((run_dir / f"config.steps-{STEPS}.json").read_text()
                       )["train"]["steps"] == STEPS

@@ -27,7 +27,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from gated_attention import data as data_lib
-from gated_attention.config import run_config
+from gated_attention.config import optimizer_config, run_config
 from gated_attention.core import paths
 from gated_attention.evaluation import hook as harness_hook
 from gated_attention.model import accounting
@@ -185,8 +185,10 @@ def restore_or_init(run: PreparedRun, *, log: Callable[[str], None] = print
         step, state = found
         log(f"Resumed {run.workdir} from its checkpoint at step {step}.")
         if run.mode == "extend":
+            span = optimizer_config.schedule_span(run.config.optimizer, steps)
+            fixed = " (optimizer.schedule_steps, unchanged)" if span != steps else ""
             log(f"train.steps grew to {steps}: continuing from step {step}, with the "
-                f"learning-rate schedule of a {steps}-step run from here on.")
+                f"learning-rate schedule of a {span}-step run{fixed} from here on.")
         return state, step
     run.inputs.train.set_state(start_position)
     if had_checkpoints:
