@@ -258,6 +258,14 @@ LONG = [s for s in SETTINGS if not s.startswith(("train.steps", "train.checkpoin
     "train.steps=120", "train.checkpoint_every=50"]
 
 
+def sigterm_pending(process) -> bool:
+    """Whether a SIGTERM waits, not yet delivered, at `process` (stopped, it takes none):
+    the pending-signal masks of /proc/<pid>/status."""
+    text = Path(f"/proc/{process.pid}/status").read_text()
+    masks = re.findall(r"^(?:SigPnd|ShdPnd):\s*([0-9a-f]+)$", text, re.M)
+    return any(int(mask, 16) & (1 << (signal.SIGTERM - 1)) for mask in masks)
+
+
 def train_steps(run_dir) -> list[int]:
     lines = paths.read_current(f"{run_dir}/metrics.jsonl").splitlines()
     return sorted(json.loads(x)["step"] for x in lines if json.loads(x)["kind"] == "train")
@@ -285,9 +293,19 @@ def test_a_stopped_driver_waits_for_the_save_and_a_killed_one_runs_nothing_twice
     log = folder / "driver.log"
     workdirs = [str(root / n) for n in names]
     first = driver(address, argv, log)
-    wait_for(lambda: any(paths.resolve(f"{w}/metrics.jsonl").exists() for w in workdirs), 300,
-             "a trainer's first steps")
+    wait_for(lambda: any(paths.resolve(f"{w}/metrics.jsonl").exists() for w in workdirs)
+             and any(trainers(w) for w in workdirs), 300, "a trainer's first steps")
+    # An idle host trains LONG's steps in seconds, sooner than a stop can travel through Ray:
+    # the running trainers are held (SIGSTOP) until the driver's SIGTERM waits at each, so each
+    # is mid-run when it takes it, as on a loaded host.
+    running = [p for w in workdirs for p in trainers(w)]
+    for p in running:
+        p.suspend()
     first.send_signal(signal.SIGTERM)
+    wait_for(lambda: all(sigterm_pending(p) for p in running), 120,
+             "the driver's SIGTERM at each held trainer")
+    for p in running:
+        p.resume()
     assert first.wait(timeout=300) == 143, log.read_text()[-3000:]
     assert not any(trainers(w) for w in workdirs)  # every trainer ended before the driver
     stopped = [n for n in names if status(root, n).get("state") == "stopped"]
