@@ -295,9 +295,9 @@ def test_a_stopped_driver_waits_for_the_save_and_a_killed_one_runs_nothing_twice
     first = driver(address, argv, log)
     wait_for(lambda: any(paths.resolve(f"{w}/metrics.jsonl").exists() for w in workdirs)
              and any(trainers(w) for w in workdirs), 300, "a trainer's first steps")
-    # An idle host trains LONG's steps in seconds, sooner than a stop can travel through Ray:
-    # the running trainers are held (SIGSTOP) until the driver's SIGTERM waits at each, so each
-    # is mid-run when it takes it, as on a loaded host.
+    # One trainer alone does LONG's 120 tiny steps in about 3 s, and both running ones had
+    # ended before the stop crossed Ray in a full suite run: they are held (SIGSTOP) until the
+    # driver's SIGTERM waits at each, so each is mid-run when it takes it.
     running = [p for w in workdirs for p in trainers(w)]
     for p in running:
         p.suspend()
