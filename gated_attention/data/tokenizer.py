@@ -5,8 +5,9 @@ SentencePiece and bytes reserve the same special ids: pad 0, bos 1, eos 2 (Sente
 has unk 3). A `tokenizer.json` brings its own special tokens (see hf_tokenizer.py). The
 SentencePiece model is cached under `<cache>/tokenizers/`, keyed by the corpus fingerprint,
 the vocabulary size and the training options; the tokenizer file of a run is copied into its
-workdir, which is authoritative on resume. Training samples `input_sentence_size` lines with
-a fixed seed and two threads, so it takes seconds (it is on the demo's clock).
+workdir, which is authoritative on resume. Training reads at most `input_sentence_size` lines,
+drawn by numpy's generator from a fixed seed (`training_sample`), with two threads, so it takes
+seconds (it is on the demo's clock) and gives the same model in every process.
 """
 
 from __future__ import annotations
@@ -92,6 +93,18 @@ def _sentences(documents: Sequence[Document]) -> list[str]:
     return out
 
 
+def training_sample(sentences: list[str], size: int, seed: int) -> list[str]:
+    """At most `size` sentences, drawn without replacement from `seed`, in corpus order.
+
+    SentencePiece's own sampler (`shuffle_input_sentence` over more lines than
+    `input_sentence_size`) draws another sample in every process whatever its seed, so the
+    same corpus gave another tokenizer on every fresh cache; the draw here repeats."""
+    if size <= 0 or len(sentences) <= size:
+        return sentences
+    keep = np.sort(np.random.default_rng(seed).choice(len(sentences), size, replace=False))
+    return [sentences[i] for i in keep]
+
+
 def train_sentencepiece(documents: Sequence[Document], vocab_size: int, path: pathlib.Path, *,
                         model_type: str = "bpe", input_sentence_size: int = 100_000,
                         seed: int = 0) -> None:
@@ -99,8 +112,9 @@ def train_sentencepiece(documents: Sequence[Document], vocab_size: int, path: pa
 
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(_sentences(documents)), model_writer=model,
+    sample = training_sample(_sentences(documents), input_sentence_size, seed)
+    spm.SentencePieceTrainer.train(  # with the sample within the size it samples nothing
+        sentence_iterator=iter(sample), model_writer=model,
         vocab_size=vocab_size, model_type=model_type, character_coverage=0.9995,
         byte_fallback=True, input_sentence_size=input_sentence_size,
         shuffle_input_sentence=True, num_threads=2, max_sentence_length=MAX_SENTENCE_CHARS * 4,
@@ -113,7 +127,7 @@ def train_sentencepiece(documents: Sequence[Document], vocab_size: int, path: pa
 
 def sentencepiece_cache_key(documents: Sequence[Document], vocab_size: int, model_type: str,
                             input_sentence_size: int) -> str:
-    options = f"{vocab_size}|{model_type}|{input_sentence_size}|v1"
+    options = f"{vocab_size}|{model_type}|{input_sentence_size}|v2"  # v2: training_sample
     return hashlib.sha256(f"{fingerprint(documents)}|{options}".encode()).hexdigest()[:20]
 
 
