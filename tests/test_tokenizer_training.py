@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from gated_attention.data import tokenizer
 
@@ -32,6 +33,7 @@ def _train_in_a_new_process(path: pathlib.Path, room: int) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow  # three trainings, each in a new process
 def test_a_sampled_tokenizer_is_the_same_model_in_every_process(tmp_path):
     models = {_train_in_a_new_process(tmp_path / f"{i}.model", 2000) for i in range(3)}
     assert len(models) == 1
