@@ -291,6 +291,8 @@ REGISTRY: dict[str, tuple[str, dict[str, str]]] = {
         "test_scripts_refuse_bad_flags_and_a_missing_settings_file": "error_message",
         "test_every_script_answers_help": "smoke",
         "test_launch_refuses_when_the_real_preflight_fails": "error_message"}),
+    "test_tokenizer_training": ("independent", {
+        "test_a_sampled_tokenizer_is_the_same_model_in_every_process": "two_paths"}),
     "test_tpu_tiles": ("independent", {}),
     "test_train": ("two_paths", {
         "test_loss_decreases_within_a_few_dozen_steps": "smoke",
