@@ -13,6 +13,7 @@ trainer (a preempted VM's processes get it), a node removed, the grid's driver k
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -302,10 +303,15 @@ def test_a_stopped_driver_waits_for_the_save_and_a_killed_one_runs_nothing_twice
     for p in running:
         p.suspend()
     first.send_signal(signal.SIGTERM)
-    wait_for(lambda: all(sigterm_pending(p) for p in running), 120,
-             "the driver's SIGTERM at each held trainer")
-    for p in running:
-        p.resume()
+    try:
+        wait_for(lambda: all(sigterm_pending(p) for p in running), 120,
+                 "the driver's SIGTERM at each held trainer")
+    finally:  # a failed wait must not leave stopped trainers behind
+        import psutil
+
+        for p in running:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.resume()
     assert first.wait(timeout=300) == 143, log.read_text()[-3000:]
     assert not any(trainers(w) for w in workdirs)  # every trainer ended before the driver
     stopped = [n for n in names if status(root, n).get("state") == "stopped"]
