@@ -172,6 +172,24 @@ def _die_with_parent() -> None:
     libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
+@contextlib.contextmanager
+def _cancel_deferred():
+    """Hold Ray's cancel (a KeyboardInterrupt raised through SIGINT's handler in the task's
+    main thread) until the block ends: one landing inside Popen, after the fork, would lose
+    the started trainer's handle, and the trainer would never get the stop."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held and callable(previous):  # what the interrupt would have done: by default,
+            previous(signal.SIGINT, None)  # KeyboardInterrupt
+
+
 class LogCopy:
     """Appends a local log file's new whole lines to `remote` (the grid root's log) every
     LOG_SYNC_SECONDS while a command runs, and the rest at its end; each byte once."""
@@ -238,10 +256,12 @@ def run_command(cmd: Sequence[str], env: Mapping[str, str], log: pathlib.Path, r
     with open(log, "ab", buffering=0) as out:
         out.write(f"\n### {now()} {header}\n### {shlex.join(cmd)}\n".encode())
         copy = LogCopy(log, remote_log).__enter__()
-        proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
-                                env={**os.environ, **env}, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+        proc = None
         try:
+            with _cancel_deferred():  # a started trainer is always in `proc` when a stop lands
+                proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT,
+                                        cwd=cwd, env={**os.environ, **env},
+                                        start_new_session=True, preexec_fn=_die_with_parent)
             while True:  # wake up every second: Ray's cancel arrives between two bytecodes
                 try:
                     rc = proc.wait(timeout=1.0)
@@ -249,6 +269,9 @@ def run_command(cmd: Sequence[str], env: Mapping[str, str], log: pathlib.Path, r
                 except subprocess.TimeoutExpired:
                     pass
         except BaseException:
+            if proc is None:  # it never started
+                copy.__exit__()
+                raise
             proc.send_signal(signal.SIGTERM)
             try:
                 rc = proc.wait(timeout=grace_s)

@@ -151,15 +151,18 @@ def wait_for(predicate, timeout: float, what: str, poll: float = 0.5) -> None:
 
 
 def trainers(workdir: str) -> list:
-    """The live trainer processes of `workdir` on this machine."""
+    """The live trainer processes of `workdir` on this machine: not a trainer's own child
+    between its fork and its exec (a `git` call of the run record), which shows the
+    trainer's command line for that moment."""
     import psutil
 
     out = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter(["cmdline", "ppid"]):
         cmd = p.info["cmdline"] or []
         if "gated_attention.main" in cmd and f"--workdir={workdir}" in cmd:
             out.append(p)
-    return out
+    pids = {p.pid for p in out}
+    return [p for p in out if p.info["ppid"] not in pids]
 
 
 @pytest.fixture(scope="module")
@@ -242,6 +245,43 @@ def test_hosts_of_several_slices_get_the_multislice_settings():
     assert ray_grid.host_envs(probes[:1], hosts_per_slice=1) == [{}]
 
 
+@pytest.mark.needs("ray")
+def test_a_cancel_landing_while_the_trainer_starts_still_stops_it(tmp_path, monkeypatch):
+    """Ray's cancel is a KeyboardInterrupt in the task's main thread (SIGINT's handler, at any
+    bytecode). One landing inside Popen, after the fork, once lost the trainer's handle: the
+    trainer trained on with no stop to reach it. Here it lands just there, every time; the
+    trainer must get SIGTERM and be waited for before the interrupt goes on."""
+    import _thread
+
+    started: list[subprocess.Popen] = []
+    real_popen = subprocess.Popen
+
+    def popen_interrupted_at_its_end(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        started.append(proc)
+        _thread.interrupt_main()  # Ray's cancel: SIGINT's Python handler runs at the next
+        for _ in range(1000):  # bytecode of the main thread, still inside Popen
+            pass
+        return proc
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    monkeypatch.setattr(ray_grid.subprocess, "Popen", popen_interrupted_at_its_end)
+    log = tmp_path / "host.log"
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ray_grid.run_command([sys.executable, "-c", "import time; time.sleep(120)"], {},
+                                 log, str(tmp_path / "root.log"), "attempt 1", str(tmp_path))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        for proc in started:
+            if proc.poll() is None:  # what a lost handle leaves behind
+                proc.kill()
+                proc.wait()
+    (proc,) = started
+    assert proc.returncode == -signal.SIGTERM  # stopped by the SIGTERM run_command sent
+    assert log.read_text().endswith(" exit -15 (stopped from outside)\n"), log.read_text()
+
+
 @pytest.mark.parametrize("results, kind", [
     ([0, 0], "done"), ([143, None], "retry"), ([75], "retry"), ([0, 1], "failed"),
     ([2], "failed"), ([None, "lost"], "retry"), ([None, None], "retry")])
@@ -304,7 +344,7 @@ def test_a_stopped_driver_waits_for_the_save_and_a_killed_one_runs_nothing_twice
         p.suspend()
     first.send_signal(signal.SIGTERM)
     try:
-        wait_for(lambda: all(sigterm_pending(p) for p in running), 120,
+        wait_for(lambda: all(sigterm_pending(p) for p in running), 300,
                  "the driver's SIGTERM at each held trainer")
     finally:  # a failed wait must not leave stopped trainers behind
         import psutil
@@ -379,15 +419,23 @@ def test_a_lost_node_is_retried_elsewhere_and_resumes_from_the_save_in_its_windo
     resumed_after = time.monotonic() - lost
     assert proc.wait(timeout=400) == 0, log.read_text()[-3000:]
     s = status(root, name)
-    assert s["state"] == "done" and s["retries"] == 1
-    assert [h["outcome"] for h in s["history"]] == ["retry", "done"]
+    # The driver retries at once on the trainer's exit 143, so the retry can start on the
+    # preempted node before the node goes: that attempt is lost with it, one retry more.
+    history = [(h["outcome"], h["detail"]) for h in s["history"]]
+    assert s["state"] == "done" and 1 <= s["retries"] <= 2, history
+    assert [h[0] for h in history] == ["retry"] * s["retries"] + ["done"], history
+    assert all("host lost" in detail for _, detail in history[1:-1]), history
     train_log = paths.read_current(f"{root}/_logs/{name}.train.log")
-    assert train_log.count(f"{name} attempt ") == 2
-    first, second = train_log.split(f"{name} attempt 2")
-    assert " exit 143\n" in first and re.search(r"^### \S+ exit 0$", second, re.M)
+    first = train_log.split(f"{name} attempt 2")[0]
+    last = train_log.split(f"{name} attempt {s['attempts']}")[1]
+    assert " exit 143\n" in first and re.search(r"^### \S+ exit 0$", last, re.M)
     saved = re.search(r"Stopped: stopped by SIGTERM at step (\d+), after saving", first)
     assert saved, first[-2000:]  # saved in its window, then resumed from that very step
-    assert f"from its checkpoint at step {saved.group(1)}." in second, second[-2000:]
+    resumed = re.search(r"from its checkpoint at step (\d+)\.", last)  # (or a later save
+    assert resumed, last[-2000:]  # of the attempt lost with the node)
+    assert int(resumed.group(1)) >= int(saved.group(1)), last[-2000:]
+    if s["retries"] == 1:
+        assert resumed.group(1) == saved.group(1), last[-2000:]
     assert train_steps(workdir) == list(range(1, 121))
     reference = alone(folder, folder / "alone_long", [name], settings=LONG)
     assert_same_params(workdir, reference / name)
