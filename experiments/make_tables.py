@@ -33,6 +33,9 @@ numbers (another kind of CPU still can in the last bit: docs/reproducibility.md)
     text_sink_1k_cpu  docs/sinks.md  experiments/grids/text_sink_cpu.py's first 1,000 of its
                                  3,000 steps: baseline and G1 elementwise on text, seeds 0-4
                                  (only with --only)
+    text_sink_cpu  docs/sinks.md  experiments/grids/text_sink_cpu.py at full length (3,000
+                                 steps): baseline and G1 elementwise on text, seeds 0-1 (only
+                                 with --only; four runs of 70 to 80 minutes)
 """
 
 from __future__ import annotations
@@ -103,6 +106,14 @@ TABLES: dict[str, dict[str, Any]] = {
         "only": tuple(f"tiny-pysrc-bos-{v}-s{s}" for v in text_sink_cpu.VARIANTS
                       for s in SEEDS5),
         "only_text": "baseline and G1 elementwise, seeds 0-4",
+        "metrics": ("f_attn", "f_attn_top", "m_act", "eval_loss"),
+    },
+    "text_sink_cpu": {
+        "kind": "paired", "page": "docs/sinks.md", "grid": "experiments/grids/text_sink_cpu.py",
+        "seeds": "0,1", "default": False, "args": ("--no_analyze",),
+        "only": tuple(f"tiny-pysrc-bos-{v}-s{s}" for v in text_sink_cpu.VARIANTS
+                      for s in (0, 1)),
+        "only_text": "baseline and G1 elementwise, seeds 0-1",
         "metrics": ("f_attn", "f_attn_top", "m_act", "eval_loss"),
     },
     "lr_cpu": {

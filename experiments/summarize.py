@@ -301,7 +301,8 @@ def provenance_text(rows: Sequence[Mapping[str, Any]]) -> str:
             + (" (with uncommitted changes)" if any(r.get("dirty") for r in done) else "")
             + f", seeds {', '.join(map(str, sorted({r['seed'] for r in done}))) or 'none'}"
             + (f", on {'; '.join(hosts)}" if hosts else ", host not recorded")
-            + (", XLA_FLAGS " + "; ".join(f"`{f}` ({t} cores)" for f, t in settings)
+            + (", XLA_FLAGS " + "; ".join(f"`{f}` ({t} core{'' if t == 1 else 's'})"
+                                         for f, t in settings)
                if settings else ", XLA settings not recorded") + ".")
     mixed = [what for what, values in (("commits", commits), ("hosts", hosts),
                                        ("XLA settings", settings)) if len(values) > 1]

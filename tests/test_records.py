@@ -300,7 +300,7 @@ def test_a_table_says_which_seeds_and_commits_it_holds_and_marks_equal_differenc
     record_path.write_text(json.dumps(record))
     block = make_tables.table_block("sinks_cpu", summarize.summarize(tmp_path), "make tables")
     assert "at commits `abc`, `def`" in block and "on AMD EPYC (avx2)" in block
-    assert "XLA_FLAGS `--xla_cpu_max_isa=AVX2` (1 cores)" in block
+    assert "XLA_FLAGS `--xla_cpu_max_isa=AVX2` (1 core)" in block
     assert "**The runs mix commits**" in block
     # One seed of each: a difference, and no interval or test beside it.
     for seed in (1,):

@@ -14,7 +14,8 @@ the tiny default, and first-token statistics logged over training (train.telemet
 
 G1 against it over five seeds is `make tables --only text_sink_1k_cpu`: the first 1,000 of
 those 3,000 steps (train.steps=1000 under the recipe's optimizer.schedule_steps=3000, so each
-step sees the learning rate the full run gives it), ten runs of about 18 minutes.
+step sees the learning rate the full run gives it), ten runs of about 18 minutes. At full
+length, seeds 0 and 1, it is `make tables --only text_sink_cpu`: four runs of 70 to 80 minutes.
 
 The corpus is whatever Python packages the environment has installed, so a run names the
 environment as much as the commit: the same command on another set of packages trains on
