@@ -56,6 +56,8 @@ LOG_SYNC_SECONDS = 30.0  # how late a running command's output may reach the gri
 STOP_GRACE_S = 120.0  # how long a stopped trainer may take to save before it is killed
 LOCK_WAIT_S = 300.0  # how long a host waits for an earlier trainer to leave a local workdir
 GUARD_WAIT_S = 60.0  # how long a run waits for a dead driver's guard to go
+# The raylet starts its workers at this niceness (Ray's default 15; read when it starts).
+WORKER_NICENESS = "RAY_worker_niceness"
 # Exits that mean "stopped from outside after saving; start again": a signal, the watchdog.
 RETRY_EXITS = {EXIT_CODES["SIGTERM"], EXIT_CODES["SIGINT"], watchdog.EXIT_CODE}
 # Set when the driver is stopped (SIGTERM, Ctrl-C): running hosts are cancelled, none start.
@@ -375,14 +377,33 @@ def stop_all() -> None:
 
 
 @contextlib.contextmanager
+def _environ(**values: str):
+    """`values` in this process's environment while the block runs (for the processes it
+    starts), as they were before afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
 def connected(address: str = ""):
     """Ray for the grid: the cluster at `address`, or a new one on this machine (not one a
-    `ray start` left running here); one this call started is shut down at the end."""
+    `ray start` left running here); one this call started is shut down at the end. A new
+    one runs its tasks, and so the trainers, at the CPU priority of a run started alone:
+    Ray's default niceness of 15 lets any other busy process on the machine starve them."""
     STOPPING.clear()
     if ray.is_initialized():
         yield
         return
-    ray.init(address=address or "local", namespace=NAMESPACE, log_to_driver=False)
+    with _environ(**({} if address else {WORKER_NICENESS: os.environ.get(WORKER_NICENESS, "0")})):
+        ray.init(address=address or "local", namespace=NAMESPACE, log_to_driver=False)
     try:
         yield
     finally:

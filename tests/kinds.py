@@ -238,6 +238,7 @@ REGISTRY: dict[str, tuple[str, dict[str, str]]] = {
         "test_a_two_host_slice_runs_one_multi_process_job": "independent",
         "test_a_code_failure_is_reported_with_its_log_tail_and_not_retried": "error_message",
         "test_a_cancel_landing_while_the_trainer_starts_still_stops_it": "independent",
+        "test_a_grid_cluster_of_its_own_runs_tasks_at_the_callers_priority": "independent",
         "test_hosts_of_several_slices_get_the_multislice_settings": "golden",
         "test_an_attempt_is_retried_only_when_a_host_was_lost_or_stopped_after_saving":
             "golden"}),

@@ -63,6 +63,9 @@ def cluster(gcs_bucket, tmp_path_factory):  # noqa: F811
     saved = dict(os.environ)
     os.environ.update(NODE_ENV)
     os.environ["PYTHONPATH"] = str(REPO)
+    # Trainers at the priority of the suite's other processes, as ray_grid.connected gives a
+    # grid's own cluster: at Ray's default niceness (15) the other pytest worker starves them.
+    os.environ[ray_grid.WORKER_NICENESS] = "0"
     try:
         c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
         for i in range(2):  # the two hosts of the TPU-like slice
@@ -243,6 +246,30 @@ def test_hosts_of_several_slices_get_the_multislice_settings():
     assert {e["MEGASCALE_NUM_SLICES"] for e in envs} == {"2"}
     assert {e["MEGASCALE_COORDINATOR_ADDRESS"] for e in envs} == {"10.0.0.2"}
     assert ray_grid.host_envs(probes[:1], hosts_per_slice=1) == [{}]
+
+
+@pytest.mark.needs("ray")
+def test_a_grid_cluster_of_its_own_runs_tasks_at_the_callers_priority():
+    """Ray starts its workers at niceness 15, so any busy process on the machine starves a
+    local grid's trainers (a grid here beside other work; the other worker of this suite).
+    A cluster ray_grid.connected starts runs them at the caller's niceness, and a niceness
+    the user set for Ray is kept."""
+    script = """
+import os, ray
+from experiments import ray_grid
+def niceness():
+    with ray_grid.connected():
+        return ray.get(ray.remote(num_cpus=0)(lambda: os.nice(0)).remote())
+print(niceness(), os.nice(0))
+os.environ[ray_grid.WORKER_NICENESS] = "7"
+print(niceness())
+"""
+    env = {k: v for k, v in trainer_env().items() if k != ray_grid.WORKER_NICENESS}
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, check=True,
+                         capture_output=True, text=True, timeout=600).stdout.split()
+    worker, caller, set_by_user = map(int, out)
+    assert worker == caller, out  # not Ray's default 15 above the caller
+    assert set_by_user != caller, out  # Ray applied the user's 7
 
 
 @pytest.mark.needs("ray")
