@@ -36,6 +36,9 @@ numbers (another kind of CPU still can in the last bit: docs/reproducibility.md)
     text_sink_cpu  docs/sinks.md  experiments/grids/text_sink_cpu.py at full length (3,000
                                  steps): baseline and G1 elementwise on text, seeds 0-1 (only
                                  with --only; four runs of 70 to 80 minutes)
+    text_sink_heads2_cpu  docs/sinks.md  experiments/grids/text_sink_heads2_cpu.py: the text
+                                 recipe's first 1,500 steps at two heads per layer, baseline
+                                 and G1 elementwise, seeds 0-4 (only with --only)
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from typing import Any
 from absl import flags
 
 from experiments import comparisons, cpu_pinning, paired_stats, rank_stats, summarize
-from experiments.grids import text_sink_cpu
+from experiments.grids import text_sink_cpu, text_sink_heads2_cpu
 from gated_attention.cli import flags as cli_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -114,6 +117,15 @@ TABLES: dict[str, dict[str, Any]] = {
         "only": tuple(f"tiny-pysrc-bos-{v}-s{s}" for v in text_sink_cpu.VARIANTS
                       for s in (0, 1)),
         "only_text": "baseline and G1 elementwise, seeds 0-1",
+        "metrics": ("f_attn", "f_attn_top", "m_act", "eval_loss"),
+    },
+    "text_sink_heads2_cpu": {
+        "kind": "paired", "page": "docs/sinks.md",
+        "grid": "experiments/grids/text_sink_heads2_cpu.py", "seeds": "0,1,2,3,4",
+        "default": False, "args": ("--no_analyze",),
+        "only": tuple(f"tiny-pysrc-bos-h2-{v}-s{s}" for v in text_sink_heads2_cpu.VARIANTS
+                      for s in SEEDS5),
+        "only_text": "baseline and G1 elementwise at two heads per layer, seeds 0-4",
         "metrics": ("f_attn", "f_attn_top", "m_act", "eval_loss"),
     },
     "lr_cpu": {
