@@ -52,6 +52,7 @@ from scipy import stats as scipy_stats
 from experiments import comparisons, grid_lib, rank_stats
 from gated_attention.cli import flags as cli_flags
 from gated_attention.core import errors, paths
+from gated_attention.training import run_record
 
 METRICS = (  # (our key, paper key, column title)
     ("ppl", "avg_ppl", "PPL"),
@@ -172,6 +173,8 @@ def run_row(root: epath.Path, name: str, run: Mapping[str, Any],
                    tokens=record.get("tokens_seen"), wall_s=record.get("wall_seconds"),
                    commit=(record.get("code") or {}).get("commit"),
                    dirty=(record.get("code") or {}).get("dirty"),
+                   dirty_paths=(record.get("code") or {}).get("dirty_paths"),
+                   training_code=(record.get("code") or {}).get("training_code"),
                    **host_fields(record.get("hardware") or {}),
                    seq_len=record["config"]["data"]["seq_len"],
                    peak_lr=record["config"]["optimizer"]["peak_lr"])
@@ -287,25 +290,61 @@ def _distinct(done: Sequence[Mapping[str, Any]], key: str) -> list[Any]:
     return sorted({r.get(key) for r in done if r.get(key) is not None}, key=str)
 
 
+def one_training_code(done: Sequence[Mapping[str, Any]]) -> bool | None:
+    """Whether runs at several commits trained the same code: the trees of the package and
+    configs/ (run_record.TRAINING_CODE) equal at every commit (from the record, else from
+    git), with no uncommitted change under them. True, False, or None where a record with
+    uncommitted changes does not say which files (records older than dirty_paths)."""
+    trees = []
+    for r in done:
+        tree = r.get("training_code") or (
+            r.get("commit") and run_record.training_code_trees(r["commit"]))
+        trees.append(json.dumps(tree, sort_keys=True) if tree else None)
+    if None in trees or len(set(trees)) > 1:
+        return False
+    unknown = False
+    for r in done:
+        if not r.get("dirty"):
+            continue
+        if r.get("dirty_paths") is None:
+            unknown = True
+        elif any(path.split("/")[0] in run_record.TRAINING_CODE for path in r["dirty_paths"]):
+            return False
+    return None if unknown else True
+
+
 def provenance_text(rows: Sequence[Mapping[str, Any]]) -> str:
     """Where the finished runs' numbers come from, from their record.json: "at commit(s) ...,
-    seeds ..., on <host CPU>, XLA_FLAGS ... (n cores)."; in bold where the runs mix commits,
-    hosts or XLA settings, since such rows compare as different seeds do, not bit for bit."""
+    seeds ..., on <host CPU>, XLA_FLAGS ... (n cores)."; in bold where the runs mix training
+    code, hosts or XLA settings, since such rows compare as different seeds do, not bit for
+    bit. Commits whose package and configs/ are the same trees (one_training_code) are one
+    training code: the block names them and says so, without the bold."""
     done = [r for r in rows if r["state"] == "done"]
     commits = _distinct(done, "commit")
     hosts = _distinct(done, "host_cpu")
     settings = sorted({(r.get("xla_flags") or "(none)", r.get("cpu_threads")) for r in done
                        if r.get("xla_flags") is not None}, key=str)
+    same_code = one_training_code(done) if len(commits) > 1 else True
+    dirty = [r for r in done if r.get("dirty")]
+    folders = "`" + "/`, `".join(run_record.TRAINING_CODE) + "/`"
+    notes = ["with uncommitted changes"] if dirty else []
+    if len(commits) > 1 and same_code:
+        notes.append(f"one training code: {folders} the same trees at each"
+                     + (", no uncommitted change under them" if dirty else ""))
+    elif len(commits) > 1 and same_code is None:
+        notes.append(f"{folders} the same trees at each commit, but a record with uncommitted "
+                     "changes does not say which files")
     text = (f"at commit{'s' if len(commits) > 1 else ''} "
             + (", ".join(f"`{c[:10]}`" for c in commits) or "unknown")
-            + (" (with uncommitted changes)" if any(r.get("dirty") for r in done) else "")
-            + f", seeds {', '.join(map(str, sorted({r['seed'] for r in done}))) or 'none'}"
-            + (f", on {'; '.join(hosts)}" if hosts else ", host not recorded")
-            + (", XLA_FLAGS " + "; ".join(f"`{f}` ({t} core{'' if t == 1 else 's'})"
-                                         for f, t in settings)
-               if settings else ", XLA settings not recorded") + ".")
-    mixed = [what for what, values in (("commits", commits), ("hosts", hosts),
-                                       ("XLA settings", settings)) if len(values) > 1]
+            + (f" ({'; '.join(notes)})" if notes else ""))
+    text += (f", seeds {', '.join(map(str, sorted({r['seed'] for r in done}))) or 'none'}"
+             + (f", on {'; '.join(hosts)}" if hosts else ", host not recorded")
+             + (", XLA_FLAGS " + "; ".join(f"`{f}` ({t} core{'' if t == 1 else 's'})"
+                                          for f, t in settings)
+                if settings else ", XLA settings not recorded") + ".")
+    mixed = [what for what, values in (("commits", commits if not same_code else ()),
+                                       ("hosts", hosts), ("XLA settings", settings))
+             if len(values) > 1]
     if mixed:
         text += (f" **The runs mix {' and '.join(mixed)}**: rows compare as runs of different "
                  "seeds do, not bit for bit.")

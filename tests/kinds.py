@@ -243,7 +243,8 @@ REGISTRY: dict[str, tuple[str, dict[str, str]]] = {
         "test_an_attempt_is_retried_only_when_a_host_was_lost_or_stopped_after_saving":
             "golden"}),
     "test_records": ("golden", {
-        "test_tables_are_rebuilt_from_records_with_command_commit_and_seeds": "independent"}),
+        "test_tables_are_rebuilt_from_records_with_command_commit_and_seeds": "independent",
+        "test_code_version_names_the_dirty_files_and_the_training_codes_trees": "independent"}),
     "test_reference_attention": ("independent", {
         "test_gqa_equals_mha_with_repeated_kv_heads": "two_paths",
         "test_packed_segments_do_not_attend_across_boundaries": "two_paths",

@@ -29,6 +29,104 @@ def test_code_version_is_the_checkouts_commit_and_none_outside_git(tmp_path):
     assert run_record.code_version(tmp_path) == {"commit": None, "dirty": None}
 
 
+def _git(repo: pathlib.Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                           *args], capture_output=True, text=True, check=True).stdout
+
+
+def _commit(repo: pathlib.Path, files: dict[str, str]) -> str:
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "c")
+    return _git(repo, "rev-parse", "HEAD").strip()
+
+
+def _tree_of(repo: pathlib.Path, commit: str, folder: str) -> str:
+    # git ls-tree's listing of the commit's root: "<mode> tree <sha>\t<name>".
+    for line in _git(repo, "ls-tree", commit).splitlines():
+        meta, name = line.split("\t")
+        if name == folder:
+            return meta.split()[2]
+    raise AssertionError(folder)
+
+
+@pytest.fixture
+def code_repo(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    return repo
+
+
+def test_code_version_names_the_dirty_files_and_the_training_codes_trees(code_repo):
+    first = _commit(code_repo, {"gated_attention/model.py": "a = 1\n",
+                                "configs/ablation.py": "b = 2\n", "docs/x.md": "x\n"})
+    version = run_record.code_version(code_repo)
+    assert version == {"commit": first, "dirty": False, "dirty_paths": [], "training_code": {
+        "gated_attention": _tree_of(code_repo, first, "gated_attention"),
+        "configs": _tree_of(code_repo, first, "configs")}}
+    (code_repo / "docs" / "x.md").write_text("y\n")
+    (code_repo / "configs" / "ablation.py").write_text("b = 3\n")
+    (code_repo / "untracked.py").write_text("")
+    version = run_record.code_version(code_repo)
+    assert version["dirty"] is True
+    assert version["dirty_paths"] == ["configs/ablation.py", "docs/x.md"]
+    # A docs-only commit keeps both trees; a change in the package changes its tree only.
+    _git(code_repo, "checkout", "-q", "--", "configs")
+    docs_only = _commit(code_repo, {"docs/x.md": "z\n"})
+    package = _commit(code_repo, {"gated_attention/model.py": "a = 2\n"})
+    trees = [run_record.training_code_trees(c, code_repo) for c in (first, docs_only, package)]
+    assert trees[0] == trees[1] and trees[2]["configs"] == trees[0]["configs"]
+    assert trees[2]["gated_attention"] != trees[0]["gated_attention"]
+    assert run_record.training_code_trees("0" * 40, code_repo) is None
+
+
+@pytest.mark.parametrize("case, expect_one_code", [
+    ("docs-only commit between the runs", True),
+    ("the package changed between the runs", False),
+    ("uncommitted change outside the training code", True),
+    ("uncommitted change in the package", False),
+    ("uncommitted change, files not recorded", None),
+])
+def test_runs_at_two_commits_are_one_training_code_only_where_its_trees_agree(
+        code_repo, tmp_path, monkeypatch, case, expect_one_code):
+    first = _commit(code_repo, {"gated_attention/model.py": "a = 1\n", "configs/c.py": "b\n",
+                                "docs/x.md": "x\n"})
+    files = ({"gated_attention/model.py": "a = 2\n"} if "package changed" in case
+             else {"docs/x.md": "y\n"})
+    second = _commit(code_repo, files)
+    monkeypatch.setattr(run_record, "REPO_ROOT", code_repo)  # summarize asks git of this repo
+    root = tmp_path / "grid"
+    runs = {}
+    for variant in ("baseline", "g1_sdpa_elementwise"):
+        for seed, commit in ((0, first), (1, second)):
+            name = f"sink_tiny-h2-{variant}-s{seed}"
+            runs[name] = grid_fixtures.write_run(root, name, variant=variant, seed=seed,
+                                                 eval_loss=3.0 - 0.1 * seed)
+            record_path = root / name / "record.json"
+            record = json.loads(record_path.read_text())
+            record["code"] = {"commit": commit, "dirty": False}  # a record without trees
+            if seed == 1 and "uncommitted" in case:
+                record["code"] = {"commit": commit, "dirty": True, "dirty_paths": (
+                    ["gated_attention/model.py"] if "in the package" in case
+                    else ["experiments/ray_grid.py"] if "outside" in case else None)}
+                if record["code"]["dirty_paths"] is None:
+                    del record["code"]["dirty_paths"]
+            record_path.write_text(json.dumps(record))
+    grid_fixtures.write_manifest(root, runs)
+    block = make_tables.table_block("sinks_cpu", summarize.summarize(root), "make tables")
+    assert f"at commits `{min(first, second)[:10]}`, `{max(first, second)[:10]}`" in block
+    if expect_one_code:
+        assert "one training code: `gated_attention/`, `configs/` the same trees at each" in block
+        assert "**The runs mix" not in block
+    else:
+        assert "**The runs mix commits**" in block and "one training code" not in block
+    if expect_one_code is None:
+        assert "a record with uncommitted changes does not say which files" in block
+
+
 @pytest.mark.reference("golden")
 def test_host_cpu_names_the_model_and_vector_extensions_of_the_first_processor():
     cpuinfo = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 207\n"

@@ -1,9 +1,10 @@
 """record.json: one file that says what a finished run was, for grids to collect.
 
 Written by loop.finish once train.steps are done: the full config, the code version when
-the training loop started (git commit and whether tracked files had uncommitted changes;
-None outside a git checkout), the hardware and mesh (on a CPU also the XLA_FLAGS and cores
-the run compiled and ran with: cpu_settings), tokens seen, model FLOPs
+the training loop started (git commit, which tracked files had uncommitted changes, and the
+git trees of the package and configs/: code_version; None outside a git checkout), the
+hardware and mesh (on a CPU also the XLA_FLAGS and cores the run compiled and ran with:
+cpu_settings), tokens seen, model FLOPs
 (accounting.train_flops_per_token x tokens), the wall time of the run, the final train and
 held-out metrics, and the last telemetry values.
 
@@ -37,22 +38,45 @@ CALLS_FILE = "train_calls.json"  # the ledger of training calls (add_call)
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+# The folders whose files decide what a training computes: the package and its configs. Runs
+# at two commits whose trees of these folders are the same trained the same code.
+TRAINING_CODE = ("gated_attention", "configs")
+
+
+def _git(root: pathlib.Path, *args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True,
+                             text=True, timeout=20, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout
+
+
+def training_code_trees(commit: str, root: pathlib.Path | None = None) -> dict[str, str] | None:
+    """{folder: git tree sha} of TRAINING_CODE at `commit` in the checkout at `root` (default:
+    this code's); None where git does not know it."""
+    out = _git(REPO_ROOT if root is None else root, "rev-parse",
+               *(f"{commit}:{folder}" for folder in TRAINING_CODE))
+    if out is None:
+        return None
+    shas = out.split()
+    return dict(zip(TRAINING_CODE, shas)) if len(shas) == len(TRAINING_CODE) else None
+
+
 def code_version(root: pathlib.Path = REPO_ROOT) -> dict[str, Any]:
-    """{"commit": sha or None, "dirty": bool or None} of the checkout this code runs from."""
-
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(["git", "-C", str(root), *args], capture_output=True,
-                                 text=True, timeout=20, check=True)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout
-
-    commit = git("rev-parse", "HEAD")
+    """{"commit": sha, "dirty": bool, "dirty_paths": the tracked files with uncommitted
+    changes, "training_code": training_code_trees at the commit} of the checkout this code
+    runs from; {"commit": None, "dirty": None} outside git. The trees and paths let a table
+    whose runs span commits say whether they trained the same code."""
+    commit = _git(root, "rev-parse", "HEAD")
     if commit is None:
         return {"commit": None, "dirty": None}
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
+    commit = commit.strip()
+    status = _git(root, "status", "--porcelain", "--untracked-files=no")
+    paths = None if status is None else sorted(
+        line[3:].split(" -> ")[-1] for line in status.splitlines() if line.strip())
+    return {"commit": commit, "dirty": None if paths is None else bool(paths),
+            "dirty_paths": paths, "training_code": training_code_trees(commit, root)}
 
 
 def host_cpu(cpuinfo: str | None = None) -> dict[str, Any]:
