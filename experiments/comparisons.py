@@ -244,7 +244,9 @@ def sink_check(rows: Sequence[Mapping[str, Any]], seq_len: int | None) -> dict[s
     analysis' where the run was analysed, else its record's last telemetry point (summarize).
     A telemetry point is judged against the uniform level of its own batch where the record
     has it (f_attn_uniform: packed documents restart the causal rows and raise it), else,
-    like analysis, against one unbroken `seq_len`-token row."""
+    like analysis, against one unbroken `seq_len`-token row. The same test on the largest
+    layer's F-Attn (f_attn_top, where measured) catches a sink that lives in one layer, which
+    the mean over layers dilutes by the depth: `formed_top`, `no_sink_top`, `ratios_top`."""
     base = [r for r in rows if r["state"] == "done" and r.get("variant") == "baseline"
             and r.get("f_attn") is not None and not r.get("lr_multiplier")]
     own = {r["run"]: r["f_attn_uniform"] for r in base
@@ -254,12 +256,29 @@ def sink_check(rows: Sequence[Mapping[str, Any]], seq_len: int | None) -> dict[s
     uniform = uniform_first_token(seq_len) if seq_len else None
     level = {r["run"]: own.get(r["run"], uniform) for r in base}
     missing = [r["run"] for r in base if r["f_attn"] < SINK_FACTOR * level[r["run"]]]
+    top = [r for r in base if r.get("f_attn_top") is not None]
     return {"checked": len(base), "formed": len(base) - len(missing), "uniform": uniform,
             "factor": SINK_FACTOR, "seq_len": seq_len, "no_sink": missing,
             "ratios": {r["run"]: r["f_attn"] / level[r["run"]] for r in base},
+            "checked_top": len(top),
+            "formed_top": sum(r["f_attn_top"] >= SINK_FACTOR * level[r["run"]] for r in top),
+            "no_sink_top": [r["run"] for r in top
+                            if r["f_attn_top"] < SINK_FACTOR * level[r["run"]]],
+            "ratios_top": {r["run"]: r["f_attn_top"] / level[r["run"]] for r in top},
             "own_uniform": own,
             "telemetry": {r["run"]: r.get("sink_step") for r in base
                           if r.get("sink_source") == "telemetry"}}
+
+
+def sink_check_top_text(check: Mapping[str, Any]) -> str:
+    """One sentence on the largest-layer check, with each run's multiple of uniform; empty
+    where no run measured per-layer F-Attn."""
+    if not check.get("checked_top"):
+        return ""
+    ratios = ", ".join(f"`{k}` {v:.1f}x" for k, v in check["ratios_top"].items())
+    return (f"In its largest layer (that layer's F-Attn against the same level) the baseline "
+            f"formed a sink in {check['formed_top']} of {check['checked_top']} runs "
+            f"({ratios}).")
 
 
 def sink_check_markdown(check: Mapping[str, Any]) -> list[str]:
@@ -284,13 +303,15 @@ def sink_check_markdown(check: Mapping[str, Any]) -> list[str]:
                 + (f", uniform {own[run]:.3f}" if run in own else "") + ")")
 
     ratios = ", ".join(f"`{k}` {v:.1f}x" + where(k) for k, v in check["ratios"].items())
+    top = sink_check_top_text(check)
     if check["no_sink"]:
         return ["## Baseline sink check", "", head + f"**The baseline formed no sink in "
                 f"{len(check['no_sink'])} of {check['checked']} runs** "
                 f"({', '.join(f'`{r}`' for r in check['no_sink'])}): a sink result on those "
-                f"seeds says nothing about a cure. Per run: {ratios}.", ""]
+                f"seeds says nothing about a cure. Per run: {ratios}." + (" " + top if top
+                                                                           else ""), ""]
     return ["## Baseline sink check", "", head + f"It did in all {check['checked']} runs "
-            f"({ratios}).", ""]
+            f"({ratios})." + (" " + top if top else ""), ""]
 
 
 def _at_recipe_lr(multiplier: float | None) -> bool:

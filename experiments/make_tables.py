@@ -225,7 +225,8 @@ def table_block(name: str, result: Mapping[str, Any], command: str, ran: bool = 
                   f"{check['factor']:g}x {level}) in "
                   f"{check['formed']} of {check['checked']} seeds"
                   + (f"; not in {', '.join(check['no_sink'])}" if check["no_sink"] else "")
-                  + "."]
+                  + "." + (" " + comparisons.sink_check_top_text(check)
+                           if check.get("checked_top") else "")]
     lines += ["", f"{comparisons.MARK.strip()}: significant at 5% after Holm's correction over "
               "the rows of that column (p: paired t-test over seeds, two-sided, before the "
               "correction; 95% CI: Student t with n - 1 degrees of freedom; where every seed "

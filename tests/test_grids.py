@@ -381,3 +381,12 @@ def test_sink_check_judges_a_telemetry_point_against_its_own_batchs_uniform_leve
     # Without a sequence length, runs that all carry their own level are still checked.
     assert comparisons.sink_check(rows[:2], seq_len=None)["formed"] == 1
     assert comparisons.sink_check(rows, seq_len=None) == {"checked": 0}
+    # The largest layer is judged against the same level: s1's 0.05 mean hides a 0.08 layer
+    # (4.0x); s0's largest is 0.05 (2.5x); s2 measured no layers and is left out.
+    rows[0]["f_attn_top"], rows[1]["f_attn_top"] = 0.05, 0.08
+    check = comparisons.sink_check(rows, seq_len=64)
+    assert (check["checked_top"], check["formed_top"], check["no_sink_top"]) == (2, 1, ["s0"])
+    assert check["ratios_top"] == {"s0": pytest.approx(2.5), "s1": pytest.approx(4.0)}
+    assert ("In its largest layer (that layer's F-Attn against the same level) the baseline "
+            "formed a sink in 1 of 2 runs (`s0` 2.5x, `s1` 4.0x).") in "\n".join(
+                comparisons.sink_check_markdown(check))
