@@ -53,7 +53,14 @@ from typing import Any
 
 from absl import flags
 
-from experiments import comparisons, cpu_pinning, paired_stats, rank_stats, summarize
+from experiments import (
+    comparisons,
+    cpu_pinning,
+    paired_stats,
+    rank_stats,
+    summarize,
+    telemetry_curves,
+)
 from experiments.grids import text_sink_cpu, text_sink_heads2_cpu
 from gated_attention.cli import flags as cli_flags
 
@@ -72,7 +79,8 @@ DEPTH_SEEDS = SEEDS5
 DEPTH_MULTIPLIERS = (8, 32, 128)
 # name -> kind ("paired" or "lr_sweep"), docs page, grid file, seeds, run_grid's other
 # arguments, the runs (--only) and how the command line names them, and for "paired" the
-# metrics of the table; "default": False keeps a table out of a plain `make tables`.
+# metrics of the table; "default": False keeps a table out of a plain `make tables`;
+# "curves": True adds each run's first-token weight over training (telemetry_curves).
 TABLES: dict[str, dict[str, Any]] = {
     "sinks_cpu": {
         "kind": "paired", "page": "docs/sinks.md", "grid": "experiments/grids/sinks_cpu.py",
@@ -117,7 +125,7 @@ TABLES: dict[str, dict[str, Any]] = {
         "only": tuple(f"tiny-pysrc-bos-{v}-s{s}" for v in text_sink_cpu.VARIANTS
                       for s in (0, 1)),
         "only_text": "baseline and G1 elementwise, seeds 0-1",
-        "metrics": ("f_attn", "f_attn_top", "m_act", "eval_loss"),
+        "metrics": ("f_attn", "f_attn_top", "m_act", "eval_loss"), "curves": True,
     },
     "text_sink_heads2_cpu": {
         "kind": "paired", "page": "docs/sinks.md",
@@ -126,7 +134,7 @@ TABLES: dict[str, dict[str, Any]] = {
         "only": tuple(f"tiny-pysrc-bos-h2-{v}-s{s}" for v in text_sink_heads2_cpu.VARIANTS
                       for s in SEEDS5),
         "only_text": "baseline and G1 elementwise at two heads per layer, seeds 0-4",
-        "metrics": ("f_attn", "f_attn_top", "m_act", "eval_loss"),
+        "metrics": ("f_attn", "f_attn_top", "m_act", "eval_loss"), "curves": True,
     },
     "lr_cpu": {
         "kind": "lr_sweep", "page": "docs/analysis.md", "grid": "experiments/grids/lr_cpu.py",
@@ -331,10 +339,23 @@ def make(name: str, root: pathlib.Path, run: bool, xla_flags: str = cpu_pinning.
                             "--parallel", "1"],
                            cwd=REPO, check=False, env={**os.environ, "XLA_FLAGS": xla_flags})
     result = summarize.summarize(grid_root)
+    block = table_block(name, result, command, ran=run)
+    if spec.get("curves"):
+        block += "\n\n" + "\n".join(curves_lines(grid_root, spec["only"]))
     page = REPO / spec["page"]
-    page.write_text(replace_block(page.read_text(), name,
-                                  table_block(name, result, command, ran=run)))
+    page.write_text(replace_block(page.read_text(), name, block))
     print(f"{spec['page']}: table {name} rewritten from {grid_root}")
+
+
+def curves_lines(grid_root: pathlib.Path, names: Sequence[str]) -> list[str]:
+    """The runs' first-token weight over training (telemetry_curves), with its legend."""
+    table = telemetry_curves.curves_markdown(grid_root, names)
+    if not table:
+        return ["No run has logged telemetry yet."]
+    return ["F-Attn of the training batch over training, as a multiple of that batch's "
+            "uniform level: over the whole model / in its largest layer (L: that layer, "
+            "from 0). A sink at 3x or more shows in the first where it spans the model, in "
+            "the second where one layer holds it.", "", *table]
 
 
 def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
