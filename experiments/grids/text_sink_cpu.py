@@ -39,14 +39,19 @@ VARIANTS = ("baseline", "g1_sdpa_elementwise")
 
 @dataclasses.dataclass(frozen=True)
 class TextSinkRun(Run):
-    """A run under the one shared recipe: its directory name gives corpus and BOS only."""
+    """A run under a text-sink recipe: its directory name gives corpus and BOS, and the tag
+    of a recipe that differs from TEXT_SINK_RECIPE (text_sink_heads2_cpu's "h2")."""
+
+    tag: str = ""
 
     @property
     def name(self) -> str:
-        return f"{self.arch}-pysrc-bos-{self.variant}-s{self.seed}"
+        parts = [self.arch, "pysrc-bos", *([self.tag] if self.tag else []), self.variant]
+        return "-".join([*parts, f"s{self.seed}"])
 
 
-def runs(scale: str = "tiny", seeds: tuple[int, ...] = (0,)) -> list[Run]:
+def runs(scale: str = "tiny", seeds: tuple[int, ...] = (0,),
+         recipe: tuple[tuple[str, object], ...] = TEXT_SINK_RECIPE, tag: str = "") -> list[Run]:
     del scale  # the recipe fixes the run length and batch
-    return [TextSinkRun(arch="tiny", variant=v, seed=s, overrides=TEXT_SINK_RECIPE)
+    return [TextSinkRun(arch="tiny", variant=v, seed=s, overrides=recipe, tag=tag)
             for s in seeds for v in VARIANTS]

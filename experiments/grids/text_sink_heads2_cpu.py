@@ -16,26 +16,15 @@ each step sees the rate the full run gives it), at as many seeds as asked:
 hour of one core) and writes the table into docs/sinks.md.
 """
 
-import dataclasses
-
 from experiments.grid_lib import Run
-from experiments.grids.text_sink_cpu import TEXT_SINK_RECIPE, VARIANTS
+from experiments.grids import text_sink_cpu
 
+VARIANTS = text_sink_cpu.VARIANTS
 STEPS = 1500
 TWO_HEADS = (("model.num_heads", 2), ("model.num_kv_heads", 1), ("model.head_dim", 64))
-RECIPE = tuple((k, STEPS if k == "train.steps" else v) for k, v in TEXT_SINK_RECIPE) + TWO_HEADS
-
-
-@dataclasses.dataclass(frozen=True)
-class TwoHeadTextSinkRun(Run):
-    """A run under the two-head text recipe: its name gives corpus, BOS and the head count."""
-
-    @property
-    def name(self) -> str:
-        return f"{self.arch}-pysrc-bos-h2-{self.variant}-s{self.seed}"
+RECIPE = tuple((k, STEPS if k == "train.steps" else v)
+               for k, v in text_sink_cpu.TEXT_SINK_RECIPE) + TWO_HEADS
 
 
 def runs(scale: str = "tiny", seeds: tuple[int, ...] = (0,)) -> list[Run]:
-    del scale  # the recipe fixes the run length and batch
-    return [TwoHeadTextSinkRun(arch="tiny", variant=v, seed=s, overrides=RECIPE)
-            for s in seeds for v in VARIANTS]
+    return text_sink_cpu.runs(scale, seeds, recipe=RECIPE, tag="h2")
