@@ -295,10 +295,11 @@ def one_training_code(done: Sequence[Mapping[str, Any]]) -> bool | None:
     configs/ (run_record.TRAINING_CODE) equal at every commit (from the record, else from
     git), with no uncommitted change under them. True, False, or None where a record with
     uncommitted changes does not say which files (records older than dirty_paths)."""
+    asked = {c: run_record.training_code_trees(c)  # git once per commit, for old records
+             for c in {r.get("commit") for r in done if not r.get("training_code")} if c}
     trees = []
     for r in done:
-        tree = r.get("training_code") or (
-            r.get("commit") and run_record.training_code_trees(r["commit"]))
+        tree = r.get("training_code") or asked.get(r.get("commit"))
         trees.append(json.dumps(tree, sort_keys=True) if tree else None)
     if None in trees or len(set(trees)) > 1:
         return False
