@@ -25,8 +25,8 @@ numbers (another kind of CPU still can in the last bit: docs/reproducibility.md)
     beyond_cpu docs/beyond.md    four sink-task rows of experiments/grids/beyond.py (BEYOND_ROWS),
                                  seeds 0-4 (only with --only)
     lr_cpu     docs/analysis.md  experiments/grids/lr_cpu.py shortened (batch 4, 200 steps),
-                                 baseline and G1 elementwise at lr x1, x8 (seed 0), x32, x128
-                                 (seeds 0, 1): 12 runs of 1 to 9 minutes on a shared 2-core CPU
+                                 baseline and G1 elementwise at lr x1, x8, x32, x128, seeds
+                                 0-4: 40 runs of one to two minutes on one core
     lr_depth_cpu  docs/analysis.md  experiments/grids/lr_depth_cpu.py: baseline and G1 elementwise
                                  at 24 layers in bfloat16, lr x8, x32, x128, seeds 0-4 (only with
                                  --only)
@@ -76,6 +76,7 @@ BEYOND_ROWS = ("baseline", "g1_input_16th", "xsa", "g1_g2")
 TEXT_SINK_STEPS = 1000
 SEEDS5 = (0, 1, 2, 3, 4)
 DEPTH_SEEDS = SEEDS5
+LR_MULTIPLIERS = (1, 8, 32, 128)
 DEPTH_MULTIPLIERS = (8, 32, 128)
 # name -> kind ("paired" or "lr_sweep"), docs page, grid file, seeds, run_grid's other
 # arguments, the runs (--only) and how the command line names them, and for "paired" the
@@ -138,15 +139,13 @@ TABLES: dict[str, dict[str, Any]] = {
     },
     "lr_cpu": {
         "kind": "lr_sweep", "page": "docs/analysis.md", "grid": "experiments/grids/lr_cpu.py",
-        "seeds": "0,1",
-        "args": ("--lr_multipliers", "1,8,32,128", "--no_analyze",
+        "seeds": "0,1,2,3,4",
+        "args": ("--lr_multipliers", ",".join(map(str, LR_MULTIPLIERS)), "--no_analyze",
                  "--set", "train.batch_size=4", "--set", "train.steps=200",
                  "--set", "train.eval_every=200", "--set", "train.checkpoint_every=200"),
         "only": tuple(f"tiny-l12-{v}-lrx{m}-s{s}" for v in LR_VARIANTS
-                      for m, seeds in ((1, (0,)), (8, (0,)), (32, (0, 1)), (128, (0, 1)))
-                      for s in seeds),
-        "only_text": "its 12 runs: baseline and G1 elementwise, seed 0 at x1 and x8, "
-                     "seeds 0 and 1 at x32 and x128",
+                      for m in LR_MULTIPLIERS for s in SEEDS5),
+        "only_text": "baseline and G1 elementwise at lr x1, x8, x32, x128, seeds 0-4",
     },
     "lr_depth_cpu": {
         "kind": "lr_sweep", "page": "docs/analysis.md",
