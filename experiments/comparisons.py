@@ -247,8 +247,9 @@ def sink_check(rows: Sequence[Mapping[str, Any]], seq_len: int | None) -> dict[s
     like analysis, against one unbroken `seq_len`-token row. The same test on the largest
     layer's F-Attn (f_attn_top, where measured) catches a sink that lives in one layer, which
     the mean over layers dilutes by the depth: `formed_top`, `no_sink_top`, `ratios_top`."""
-    base = [r for r in rows if r["state"] == "done" and r.get("variant") == "baseline"
-            and r.get("f_attn") is not None and not r.get("lr_multiplier")]
+    base = sorted((r for r in rows if r["state"] == "done" and r.get("variant") == "baseline"
+                   and r.get("f_attn") is not None and not r.get("lr_multiplier")),
+                  key=lambda r: r["run"])  # listed in name order
     own = {r["run"]: r["f_attn_uniform"] for r in base
            if r.get("sink_source") == "telemetry" and r.get("f_attn_uniform")}
     if not seq_len and not (base and len(own) == len(base)):
