@@ -334,6 +334,23 @@ def sigterm_pending(process) -> bool:
     return any(int(mask, 16) & (1 << (signal.SIGTERM - 1)) for mask in masks)
 
 
+def held_states(processes) -> str:
+    """Each held process's workdir, state and signal masks (pending, blocked, ignored,
+    caught), for a failure message."""
+    out = []
+    for process in processes:
+        try:
+            text = Path(f"/proc/{process.pid}/status").read_text()
+        except FileNotFoundError:
+            out.append(f"{process.pid}: gone")
+            continue
+        fields = dict(re.findall(r"^(State|SigPnd|ShdPnd|SigBlk|SigIgn|SigCgt):\s*(.+)$", text,
+                                 re.M))
+        workdir = next((a for a in process.info["cmdline"] if a.startswith("--workdir=")), "")
+        out.append(f"{process.pid} {workdir}: {fields}")
+    return "; ".join(out)
+
+
 def train_steps(run_dir) -> list[int]:
     lines = paths.read_current(f"{run_dir}/metrics.jsonl").splitlines()
     return sorted(json.loads(x)["step"] for x in lines if json.loads(x)["kind"] == "train")
@@ -371,8 +388,12 @@ def test_a_stopped_driver_waits_for_the_save_and_a_killed_one_runs_nothing_twice
         p.suspend()
     first.send_signal(signal.SIGTERM)
     try:
-        wait_for(lambda: all(sigterm_pending(p) for p in running), 300,
-                 "the driver's SIGTERM at each held trainer")
+        try:
+            wait_for(lambda: all(sigterm_pending(p) for p in running), 300,
+                     "the driver's SIGTERM at each held trainer")
+        except AssertionError as err:  # say which trainer missed it, and what the driver did
+            raise AssertionError(f"{err}: {held_states(running)}\ndriver log:\n"
+                                 f"{log.read_text()[-3000:]}") from None
     finally:  # a failed wait must not leave stopped trainers behind
         import psutil
 
