@@ -356,15 +356,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
             futures = [pool.submit(execute, run, root, t, a, placement, args.max_retries,
                                    statuses[run.name]) for run, t, a in todo]
+            pending = set(futures)
             try:
-                for future in concurrent.futures.as_completed(futures):
-                    status = future.result()
-                    with _lock:
-                        print(f"[{status['state']}] {status['name']}"
-                              + (f": {status['error']}" if status.get("error") else ""),
-                              flush=True)
-                    if status["state"] != "done":
-                        failed.append(status["name"])
+                while pending:
+                    # Wake every second: a SIGTERM taken by another thread (Ray's own) runs
+                    # its Python handler only when this main thread runs bytecode again.
+                    done, pending = concurrent.futures.wait(
+                        pending, timeout=1.0, return_when=concurrent.futures.FIRST_COMPLETED)
+                    for future in done:
+                        status = future.result()
+                        with _lock:
+                            print(f"[{status['state']}] {status['name']}"
+                                  + (f": {status['error']}" if status.get("error") else ""),
+                                  flush=True)
+                        if status["state"] != "done":
+                            failed.append(status["name"])
             except KeyboardInterrupt:
                 ray_grid.stop_all()
                 raise
