@@ -276,7 +276,7 @@ def sink_check_top_text(check: Mapping[str, Any]) -> str:
     where no run measured per-layer F-Attn."""
     if not check.get("checked_top"):
         return ""
-    ratios = ", ".join(f"`{k}` {v:.1f}x" for k, v in sorted(check["ratios_top"].items()))
+    ratios = ", ".join(f"`{k}` {v:.1f}x" for k, v in check["ratios_top"].items())
     return (f"In its largest layer (that layer's F-Attn against the same level) the baseline "
             f"formed a sink in {check['formed_top']} of {check['checked_top']} runs "
             f"({ratios}).")
