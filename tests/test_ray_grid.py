@@ -67,7 +67,10 @@ def cluster(gcs_bucket, tmp_path_factory):  # noqa: F811
     # grid's own cluster: at Ray's default niceness (15) the other pytest worker starves them.
     os.environ[ray_grid.WORKER_NICENESS] = "0"
     try:
-        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+        # No dashboard: its process and the nodes' agents cost CPU the suite's other worker
+        # needs, and nothing here reads it.
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0,
+                                                          "include_dashboard": False})
         for i in range(2):  # the two hosts of the TPU-like slice
             c.add_node(num_cpus=1, resources={"TPU": 4, **({"TPU-v4-16-head": 1} if i == 0
                                                            else {})},
