@@ -270,10 +270,12 @@ def run_command(cmd: Sequence[str], env: Mapping[str, str], log: pathlib.Path, r
                     break
                 except subprocess.TimeoutExpired:
                     pass
-        except BaseException:
+        except BaseException as stop:
             if proc is None:  # it never started
                 copy.__exit__()
                 raise
+            out.write(f"### {now()} stopping the trainer ({type(stop).__name__}): "
+                      "SIGTERM\n".encode())
             proc.send_signal(signal.SIGTERM)
             try:
                 rc = proc.wait(timeout=grace_s)
@@ -367,13 +369,27 @@ def wait_hosts(refs: Sequence[Any]) -> list[int | BaseException | None]:
     return [results[i] for i in range(len(refs))]
 
 
-def stop_all() -> None:
+def say(text: str, fd: int = 2) -> None:
+    """One line straight to a file descriptor: safe inside a signal handler, where a print
+    landing in the main thread's own print raises a reentrant-call error."""
+    os.write(fd, f"{text}\n".encode())
+
+
+def stop_all() -> int:
     """Stop the grid: every running host is cancelled (its trainer gets SIGTERM, saves, and
-    is waited for), and no attempt starts any more."""
+    is waited for), and no attempt starts any more. Returns how many hosts were cancelled.
+    A cancel Ray refuses is reported, never raised: this runs in the driver's SIGTERM
+    handler, where an exception would leave the main thread and the grid waiting forever."""
+    cancelled = 0
     with _running_lock:
         STOPPING.set()
         for ref in list(_running):
-            ray.cancel(ref)
+            try:
+                ray.cancel(ref)
+                cancelled += 1
+            except Exception as err:  # noqa: BLE001 - see the docstring
+                say(f"warning: could not cancel the host task of {ref}: {err!r}")
+    return cancelled
 
 
 @contextlib.contextmanager

@@ -312,7 +312,14 @@ def _stop_on_sigterm():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, lambda *_: ray_grid.stop_all())
+
+    def on_sigterm(*_: Any) -> None:
+        ray_grid.say("SIGTERM: stopping the grid", fd=1)
+        cancelled = ray_grid.stop_all()
+        ray_grid.say(f"SIGTERM: {cancelled} running host(s) told to save and stop; waiting "
+                     "for them", fd=1)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
     finally:
