@@ -54,6 +54,9 @@ from gated_attention.training.workdir_lock import WorkdirBusyError, WorkdirLock
 NAMESPACE = "gated_attention"
 LOG_SYNC_SECONDS = 30.0  # how late a running command's output may reach the grid's root
 STOP_GRACE_S = 120.0  # how long a stopped trainer may take to save before it is killed
+# Ray's cancel of a running task now and then never reaches it (seen under load: the driver's
+# cancel returned, the task's loop ran on for minutes), so a stop is asked again this often.
+CANCEL_AGAIN_S = 5.0
 LOCK_WAIT_S = 300.0  # how long a host waits for an earlier trainer to leave a local workdir
 GUARD_WAIT_S = 60.0  # how long a run waits for a dead driver's guard to go
 # The raylet starts its workers at this niceness (Ray's default 15; read when it starts).
@@ -175,10 +178,11 @@ def _die_with_parent() -> None:
 
 
 @contextlib.contextmanager
-def _cancel_deferred():
+def _cancel_deferred(then_interrupt: bool = True):
     """Hold Ray's cancel (a KeyboardInterrupt raised through SIGINT's handler in the task's
     main thread) until the block ends: one landing inside Popen, after the fork, would lose
-    the started trainer's handle, and the trainer would never get the stop."""
+    the started trainer's handle, and the trainer would never get the stop. With
+    `then_interrupt` False the held cancels are dropped: the block is the stop itself."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -188,8 +192,8 @@ def _cancel_deferred():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-        if held and callable(previous):  # what the interrupt would have done: by default,
-            previous(signal.SIGINT, None)  # KeyboardInterrupt
+        if then_interrupt and held and callable(previous):  # what the interrupt would have
+            previous(signal.SIGINT, None)  # done: by default, KeyboardInterrupt
 
 
 class LogCopy:
@@ -249,11 +253,13 @@ def wait_for_free_workdir(workdir: str, timeout_s: float = LOCK_WAIT_S) -> None:
 
 
 def run_command(cmd: Sequence[str], env: Mapping[str, str], log: pathlib.Path, remote_log: str,
-                header: str, cwd: str, grace_s: float = STOP_GRACE_S) -> int:
+                header: str, cwd: str, grace_s: float = STOP_GRACE_S,
+                cancelled: Callable[[], bool] = lambda: False) -> int:
     """Run `cmd` with its output in `log`, copied to `remote_log` as it goes; on any stop
-    of this process (an exception: Ray's cancel, SystemExit from the worker's SIGTERM) the
-    trainer gets SIGTERM and is waited for (up to `grace_s`, then killed), and the stop
-    goes on once the trainer has exited. Returns the command's exit code."""
+    of this process (an exception: Ray's cancel, SystemExit from the worker's SIGTERM; or
+    `cancelled()` turning true, checked every second) the trainer gets SIGTERM and is
+    waited for (up to `grace_s`, then killed), and the stop goes on once the trainer has
+    exited. Returns the command's exit code."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab", buffering=0) as out:
         out.write(f"\n### {now()} {header}\n### {shlex.join(cmd)}\n".encode())
@@ -269,21 +275,23 @@ def run_command(cmd: Sequence[str], env: Mapping[str, str], log: pathlib.Path, r
                     rc = proc.wait(timeout=1.0)
                     break
                 except subprocess.TimeoutExpired:
-                    pass
+                    if cancelled():  # the cancel reached the task, its interrupt did not
+                        raise KeyboardInterrupt("cancelled") from None  # as Ray's would
         except BaseException as stop:
             if proc is None:  # it never started
                 copy.__exit__()
                 raise
-            out.write(f"### {now()} stopping the trainer ({type(stop).__name__}): "
-                      "SIGTERM\n".encode())
-            proc.send_signal(signal.SIGTERM)
-            try:
-                rc = proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                rc = proc.wait()
-            out.write(f"### {now()} exit {rc} (stopped from outside)\n".encode())
-            copy.__exit__()
+            with _cancel_deferred(then_interrupt=False):  # the cancels asked again land here
+                out.write(f"### {now()} stopping the trainer ({type(stop).__name__}): "
+                          "SIGTERM\n".encode())
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    rc = proc.wait(timeout=grace_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    rc = proc.wait()
+                out.write(f"### {now()} exit {rc} (stopped from outside)\n".encode())
+                copy.__exit__()
             raise
         out.write(f"### {now()} exit {rc}\n".encode())
         copy.__exit__()
@@ -305,7 +313,7 @@ def run_host(cmd: Sequence[str], env: Mapping[str, str], log_name: str, root: st
     spool = pathlib.Path(ray.get_runtime_context().get_temp_dir()) / "grid_logs"
     local = spool / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', root)}.{os.getpid()}.{log_name}"
     return run_command(cmd, env, local, f"{root.rstrip('/')}/_logs/{log_name}", header,
-                       _working_dir(repo))
+                       _working_dir(repo), cancelled=ray.get_runtime_context().is_canceled)
 
 
 # ----------------------------------------------------------------------------- one attempt
@@ -341,7 +349,8 @@ def classify(results: Sequence[int | BaseException | None]) -> Outcome:
 def wait_hosts(refs: Sequence[Any]) -> list[int | BaseException | None]:
     """Every host's result; once one ends badly (non-zero, lost) the others are stopped
     (Ray's cancel: their trainers get SIGTERM and are waited for), since the hosts of one
-    job cannot go on without it."""
+    job cannot go on without it. While a stop is on, the hosts still running are asked
+    again every CANCEL_AGAIN_S."""
     results: dict[int, int | BaseException | None] = {}
     pending = list(range(len(refs)))
     stopping = False
@@ -349,9 +358,14 @@ def wait_hosts(refs: Sequence[Any]) -> list[int | BaseException | None]:
         _running.update(refs)
         if STOPPING.is_set():
             for ref in refs:
-                ray.cancel(ref)
+                _cancel(ref)
     while pending:
-        ready, _ = ray.wait([refs[i] for i in pending], num_returns=1)
+        ready, _ = ray.wait([refs[i] for i in pending], num_returns=1, timeout=CANCEL_AGAIN_S)
+        if not ready:
+            if stopping or STOPPING.is_set():
+                for j in pending:
+                    _cancel(refs[j])
+            continue
         i = next(j for j in pending if refs[j] == ready[0])
         pending.remove(i)
         try:
@@ -363,7 +377,7 @@ def wait_hosts(refs: Sequence[Any]) -> list[int | BaseException | None]:
         if not stopping and results[i] != 0:
             stopping = True
             for j in pending:
-                ray.cancel(refs[j])
+                _cancel(refs[j])
     with _running_lock:
         _running.difference_update(refs)
     return [results[i] for i in range(len(refs))]
@@ -380,16 +394,20 @@ def stop_all() -> int:
     is waited for), and no attempt starts any more. Returns how many hosts were cancelled.
     A cancel Ray refuses is reported, never raised: this runs in the driver's SIGTERM
     handler, where an exception would leave the main thread and the grid waiting forever."""
-    cancelled = 0
     with _running_lock:
         STOPPING.set()
-        for ref in list(_running):
-            try:
-                ray.cancel(ref)
-                cancelled += 1
-            except Exception as err:  # noqa: BLE001 - see the docstring
-                say(f"warning: could not cancel the host task of {ref}: {err!r}")
-    return cancelled
+        return sum(_cancel(ref) for ref in list(_running))
+
+
+def _cancel(ref: Any) -> bool:
+    """Ray's cancel of one host task (its trainer gets SIGTERM and saves); whether Ray took
+    it. A refusal is printed, not raised (see stop_all)."""
+    try:
+        ray.cancel(ref)
+        return True
+    except Exception as err:  # noqa: BLE001 - see the docstring
+        say(f"warning: could not cancel the host task of {ref}: {err!r}")
+        return False
 
 
 @contextlib.contextmanager

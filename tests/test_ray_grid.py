@@ -327,6 +327,72 @@ def test_a_cancel_landing_while_the_trainer_starts_still_stops_it(tmp_path, monk
     assert log.read_text().endswith(" exit -15 (stopped from outside)\n"), log.read_text()
 
 
+SAVING_TRAINER = """
+import signal, sys, time
+def save(*_):
+    print("saving", flush=True)
+    time.sleep(3)
+    print("saved", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, save)
+print("ready", flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.mark.needs("ray")
+def test_a_cancel_seen_only_by_polling_stops_and_more_cancels_wait_for_the_save(
+        tmp_path, monkeypatch):
+    """Ray's cancel sometimes never interrupts the task; the task also polls for it
+    (`cancelled`, Ray's is_canceled) and stops its trainer. The driver then asks again every
+    few seconds: those interrupts must not cut the wait for the trainer's save short."""
+    import _thread
+    import threading
+
+    started: list[subprocess.Popen] = []
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    log = tmp_path / "host.log"
+    stop_at = time.monotonic() + 2.0
+    done = threading.Event()
+
+    def ask_again():  # the driver's repeated cancels, from the trainer's first "saving" on
+        while not done.is_set() and not re.search(r"^saving$", log.read_text()
+                                                  if log.exists() else "", re.M):
+            time.sleep(0.05)
+        until = time.monotonic() + 1.0
+        while not done.is_set() and time.monotonic() < until:
+            _thread.interrupt_main()
+            time.sleep(0.1)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    monkeypatch.setattr(ray_grid.subprocess, "Popen", popen)
+    asker = threading.Thread(target=ask_again, daemon=True)
+    asker.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ray_grid.run_command([sys.executable, "-c", SAVING_TRAINER], {}, log,
+                                 str(tmp_path / "root.log"), "attempt 1", str(tmp_path),
+                                 cancelled=lambda: time.monotonic() > stop_at)
+    finally:
+        done.set()
+        asker.join()
+        signal.signal(signal.SIGINT, previous)
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    (proc,) = started
+    assert proc.returncode == 143  # the trainer finished its save
+    text = log.read_text()
+    assert "stopping the trainer (KeyboardInterrupt): SIGTERM\nsaving\nsaved\n" in text, text
+    assert text.endswith(" exit 143 (stopped from outside)\n"), text
+
+
 @pytest.mark.parametrize("results, kind", [
     ([0, 0], "done"), ([143, None], "retry"), ([75], "retry"), ([0, 1], "failed"),
     ([2], "failed"), ([None, "lost"], "retry"), ([None, None], "retry")])
