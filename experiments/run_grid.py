@@ -314,10 +314,10 @@ def _stop_on_sigterm():
         return
 
     def on_sigterm(*_: Any) -> None:
-        ray_grid.say("SIGTERM: stopping the grid", fd=1)
+        ray_grid.say(f"{ray_grid.now()} SIGTERM: stopping the grid", fd=1)
         cancelled = ray_grid.stop_all()
-        ray_grid.say(f"SIGTERM: {cancelled} running host(s) told to save and stop; waiting "
-                     "for them", fd=1)
+        ray_grid.say(f"{ray_grid.now()} SIGTERM: {cancelled} running host(s) told to save and "
+                     "stop; waiting for them", fd=1)
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
